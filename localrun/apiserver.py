@@ -1,0 +1,711 @@
+"""A fake Kubernetes API server over real HTTPS, for tests and the local runner.
+
+It serves the few endpoints this project's containers call, with the objects, headers and
+error bodies a real kube-apiserver returns, so the official `kubernetes` client runs
+unchanged against it (in-cluster config, bearer token, CA verification):
+
+    GET   /api/v1/nodes                                            NodeList
+    GET   /api/v1/nodes/{name}                                     Node
+    GET   /apis/apps/v1/namespaces/{ns}/statefulsets/{name}        StatefulSet
+    GET   /apis/apps/v1/namespaces/{ns}/statefulsets/{name}/scale  autoscaling/v1 Scale
+    PATCH /apis/apps/v1/namespaces/{ns}/statefulsets/{name}/scale  merge, strategic or JSON patch
+    PUT   /apis/apps/v1/namespaces/{ns}/statefulsets/{name}/scale  replace
+
+Every request must carry `Authorization: Bearer <token>` with the token written to the
+service-account dir, else 401 as the real server answers. Faults make any path answer
+403/404/500/... (a real `Status` object, with the message the real server writes) or
+hang without answering (for client timeouts).
+
+Usage (the API is stable; the local runner and tests/init_topology rely on it):
+
+    from localrun.apiserver import FakeApiServer, load_nodes
+
+    with FakeApiServer(load_nodes("local"), workdir=tmp_path) as api:
+        api.env()                 # {"KUBERNETES_SERVICE_HOST": ..., "KUBERNETES_SERVICE_PORT": ...}
+        api.serviceaccount_dir    # token, ca.crt, namespace: bind-mount at SERVICEACCOUNT_MOUNT
+        api.set_fault(r"^/api/v1/nodes/", 403)      # or 404, 500, 429, 503, "hang"
+        api.clear_faults()
+        api.add_statefulset("default", "run42-worker", replicas=3)
+        api.on_scale = lambda namespace, name, replicas: ...   # act as the controller
+        api.requests              # what was asked: RecordedRequest(method, path, status, ...)
+
+The certificate chain is made with the `openssl` CLI: a cluster CA (`ca.crt`, as the
+kubelet mounts it) and a serving certificate whose SANs hold the listen IP, 127.0.0.1,
+`extra_ips` and the `kubernetes.default.svc` names.
+"""
+
+from __future__ import annotations
+
+import copy
+import http.server
+import ipaddress
+import json
+import logging
+import re
+import secrets
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+log = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+Fault = int | Literal["hang"]
+ScaleCallback = Callable[[str, str, int], None]
+
+#: Where the kubelet mounts the service-account token, CA and namespace in every container.
+SERVICEACCOUNT_MOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+#: Node fixtures (JSON, shaped like `kubectl get node -o json`).
+NODES_DIR = Path(__file__).resolve().parent / "nodes"
+
+#: Named sets of fixtures (file stems in NODES_DIR) for `load_nodes`.
+NODE_PROFILES: dict[str, tuple[str, ...]] = {
+    # One node of each kind init-topology must recognise.
+    "cloud": (
+        "gke-a3-h100-spot",
+        "eks-p5-efa-karpenter-spot",
+        "aks-nd-h100-v5-infiniband",
+        "onprem-gfd-a100-roce",
+        "cpu-bare",
+    ),
+    # A small CPU cluster for the local runner: workers on spot and on-demand capacity in
+    # two zones, and an on-demand system node for etcd.
+    "local": (
+        "local-spot-0",
+        "local-spot-1",
+        "local-ondemand-0",
+        "local-ondemand-1",
+        "local-system-0",
+    ),
+}
+NODE_PROFILES["all"] = NODE_PROFILES["cloud"] + NODE_PROFILES["local"]
+
+_REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+
+_NODE_PATH = re.compile(r"^/api/v1/nodes(?:/(?P<name>[^/]+))?$")
+_STS_PATH = re.compile(
+    r"^/apis/apps/v1/namespaces/(?P<ns>[^/]+)/statefulsets/(?P<name>[^/]+)(?P<scale>/scale)?$"
+)
+
+
+def load_node(stem: str) -> JsonObject:
+    """One fixture by file stem (e.g. "eks-p5-efa-karpenter-spot")."""
+    path = NODES_DIR / f"{stem}.json"
+    node: JsonObject = json.loads(path.read_text(encoding="utf-8"))
+    return node
+
+
+def load_nodes(profile: str | Iterable[str] = "all") -> dict[str, JsonObject]:
+    """Fixtures keyed by node name (metadata.name): a profile of NODE_PROFILES or file stems."""
+    stems = NODE_PROFILES[profile] if isinstance(profile, str) else tuple(profile)
+    nodes: dict[str, JsonObject] = {}
+    for stem in stems:
+        node = load_node(stem)
+        nodes[node["metadata"]["name"]] = node
+    return nodes
+
+
+def status_object(code: int, message: str, details: JsonObject | None = None) -> JsonObject:
+    """A `Status` body as kube-apiserver writes it for a failed request."""
+    body: JsonObject = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": _REASONS.get(code, "InternalError" if code >= 500 else "BadRequest"),
+    }
+    if details:
+        body["details"] = details
+    body["code"] = code
+    return body
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What a request path names, for error messages in the real server's words."""
+
+    verb: str  # get, list, patch, update
+    group: str  # "" for the core group
+    resource: str  # nodes, statefulsets
+    subresource: str  # "" or "scale"
+    namespace: str  # "" when cluster-scoped
+    name: str
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.resource}.{self.group}" if self.group else self.resource
+
+    @property
+    def details(self) -> JsonObject:
+        details: JsonObject = {"name": self.name} if self.name else {}
+        if self.group:
+            details["group"] = self.group
+        details["kind"] = self.resource
+        return details
+
+
+def _target(method: str, path: str) -> _Target | None:
+    verb = {"GET": "get", "PATCH": "patch", "PUT": "update"}.get(method, method.lower())
+    if m := _NODE_PATH.match(path):
+        name = m["name"] or ""
+        return _Target(verb if name else "list", "", "nodes", "", "", name)
+    if m := _STS_PATH.match(path):
+        scale = "scale" if m["scale"] else ""
+        return _Target(verb, "apps", "statefulsets", scale, m["ns"], m["name"])
+    return None
+
+
+@dataclass(frozen=True)
+class FaultRule:
+    pattern: re.Pattern[str]
+    fault: Fault
+    method: str | None
+    remaining: list[int] | None  # shared counter; None = for ever
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str
+    status: int | Literal["hang"]
+    authorization: str | None
+    content_type: str | None
+    body: Any = None
+    time: float = field(default_factory=time.time)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _HttpsServer
+    protocol_version = "HTTP/1.1"
+    server_version = "kube-apiserver-fake"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def do_GET(self) -> None:
+        self.server.api.handle(self)
+
+    def do_PATCH(self) -> None:
+        self.server.api.handle(self)
+
+    def do_PUT(self) -> None:
+        self.server.api.handle(self)
+
+    def do_POST(self) -> None:
+        self.server.api.handle(self)
+
+    def do_DELETE(self) -> None:
+        self.server.api.handle(self)
+
+
+class _HttpsServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    api: FakeApiServer
+    ssl_context: ssl.SSLContext
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, addr = super().get_request()
+        # The handshake runs in the handler thread: a client that never completes it
+        # must not stall the accept loop.
+        tls = self.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return tls, addr
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+
+class _HttpsServer6(_HttpsServer):
+    address_family = socket.AF_INET6
+
+
+class FakeApiServer:
+    """kube-apiserver stand-in over HTTPS; see the module docstring for the API."""
+
+    def __init__(
+        self,
+        nodes: Mapping[str, JsonObject] | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        workdir: Path | None = None,
+        *,
+        namespace: str = "default",
+        serviceaccount: str = "default",
+        token: str | None = None,
+        extra_ips: Iterable[str] = (),
+        hang_seconds: float = 300.0,
+    ) -> None:
+        self.nodes: dict[str, JsonObject] = {k: copy.deepcopy(v) for k, v in (nodes or {}).items()}
+        #: StatefulSets by (namespace, name); add with add_statefulset().
+        self.statefulsets: dict[tuple[str, str], JsonObject] = {}
+        #: Called as on_scale(namespace, name, replicas) after a scale PATCH/PUT was applied
+        #: (outside the server's lock; exceptions are logged, the client still gets 200).
+        self.on_scale: ScaleCallback | None = None
+        #: Every request answered (or hung), in order.
+        self.requests: list[RecordedRequest] = []
+        self.namespace = namespace
+        self.serviceaccount = serviceaccount
+        self.token = token or f"fake-{secrets.token_urlsafe(32)}"
+        self.hang_seconds = hang_seconds
+        self._bind_host = host
+        self._bind_port = port
+        self._extra_ips = tuple(extra_ips)
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="fake-api-"))
+        self.serviceaccount_dir = self.workdir / "serviceaccount"
+        self._faults: list[FaultRule] = []
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._server: _HttpsServer | None = None
+        self._thread: threading.Thread | None = None
+        self._resource_version = 1000
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> FakeApiServer:
+        if self._server is not None:
+            return self
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cls = _HttpsServer6 if ":" in self._bind_host else _HttpsServer
+        server = cls((self._bind_host, self._bind_port), _Handler)
+        server.api = self
+        self._server = server
+        self._make_certificates()
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(
+            self.workdir / "pki" / "apiserver.crt", self.workdir / "pki" / "apiserver.key"
+        )
+        server.ssl_context = ctx
+        self._write_serviceaccount()
+        self._stopping.clear()
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="fake-apiserver",
+            daemon=True,
+        )
+        self._thread.start()
+        log.info("fake API server on %s", self.url)
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> FakeApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def host(self) -> str:
+        return self._bind_host
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("FakeApiServer is not started")
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"https://{host}:{self.port}"
+
+    @property
+    def ca_path(self) -> Path:
+        return self.serviceaccount_dir / "ca.crt"
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.serviceaccount}"
+
+    def env(self) -> dict[str, str]:
+        """The variables the kubelet sets for the `kubernetes` Service in every container."""
+        return {
+            "KUBERNETES_SERVICE_HOST": self.host,
+            "KUBERNETES_SERVICE_PORT": str(self.port),
+            "KUBERNETES_SERVICE_PORT_HTTPS": str(self.port),
+        }
+
+    # -- faults and state ------------------------------------------------------------------
+
+    def set_fault(
+        self, path_regex: str, fault: Fault, *, method: str | None = None, times: int | None = None
+    ) -> None:
+        """Answer requests whose path matches `path_regex` (re.search) with `fault`.
+
+        `fault` is an HTTP status (a Status object in the real server's words is the body) or
+        "hang" (read the request, never answer, close when the server stops or after
+        `hang_seconds`). `method` limits it to one verb; `times` to the next N requests.
+        Rules are tried in the order they were set; use ".*" for every path.
+        """
+        if fault != "hang" and not (isinstance(fault, int) and 400 <= fault <= 599):
+            raise ValueError(f"fault must be an HTTP error status or 'hang', not {fault!r}")
+        rule = FaultRule(
+            re.compile(path_regex),
+            fault,
+            method.upper() if method else None,
+            None if times is None else [times],
+        )
+        with self._lock:
+            self._faults.append(rule)
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def add_statefulset(
+        self,
+        namespace: str,
+        name: str,
+        replicas: int = 1,
+        manifest: Mapping[str, Any] | None = None,
+    ) -> JsonObject:
+        """Register a StatefulSet (e.g. the rendered manifest) as the API server would store it."""
+        sts: JsonObject = copy.deepcopy(dict(manifest)) if manifest else {}
+        sts.setdefault("apiVersion", "apps/v1")
+        sts.setdefault("kind", "StatefulSet")
+        meta = sts.setdefault("metadata", {})
+        meta["name"] = name
+        meta["namespace"] = namespace
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("generation", 1)
+        meta.setdefault("creationTimestamp", _now())
+        spec = sts.setdefault("spec", {})
+        spec["replicas"] = replicas
+        selector = spec.setdefault("selector", {"matchLabels": {"app.kubernetes.io/name": name}})
+        spec.setdefault("serviceName", name)
+        # The typed client refuses a StatefulSet without a pod template: give it one.
+        spec.setdefault(
+            "template",
+            {
+                "metadata": {"labels": dict(selector.get("matchLabels", {}))},
+                "spec": {"containers": [{"name": "main", "image": "registry.invalid/main:0"}]},
+            },
+        )
+        with self._lock:
+            meta["resourceVersion"] = self._next_version()
+            sts["status"] = {
+                "observedGeneration": meta["generation"],
+                "replicas": replicas,
+                "availableReplicas": replicas,
+                "readyReplicas": replicas,
+                "currentReplicas": replicas,
+                "updatedReplicas": replicas,
+            }
+            self.statefulsets[(namespace, name)] = sts
+        return sts
+
+    def replicas(self, namespace: str, name: str) -> int:
+        with self._lock:
+            return int(self.statefulsets[(namespace, name)]["spec"]["replicas"])
+
+    def set_ready_replicas(self, namespace: str, name: str, ready: int) -> None:
+        """What the runner's pods report back (status.readyReplicas/availableReplicas)."""
+        with self._lock:
+            status = self.statefulsets[(namespace, name)]["status"]
+            status["readyReplicas"] = ready
+            status["availableReplicas"] = ready
+
+    # -- request handling ------------------------------------------------------------------
+
+    def handle(self, req: _Handler) -> None:
+        path = req.path.split("?", 1)[0]
+        method = req.command
+        auth = req.headers.get("Authorization")
+        ctype = req.headers.get("Content-Type")
+        length = int(req.headers.get("Content-Length") or 0)
+        raw = req.rfile.read(length) if length else b""
+        body: Any = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = raw.decode("utf-8", "replace")
+
+        def record(status: int | Literal["hang"]) -> None:
+            with self._lock:
+                self.requests.append(RecordedRequest(method, path, status, auth, ctype, body))
+
+        if not self._authorized(auth):
+            record(401)
+            self._send(req, 401, status_object(401, "Unauthorized"))
+            return
+        fault = self._fault_for(method, path)
+        if fault == "hang":
+            record("hang")
+            self._stopping.wait(self.hang_seconds)
+            req.close_connection = True
+            return
+        target = _target(method, path)
+        if fault is not None:
+            record(fault)
+            self._send(req, fault, self._fault_body(fault, target, path), retry_after=fault == 429)
+            return
+        code, payload, scaled = self._route(method, path, target, ctype, body)
+        record(code)
+        self._send(req, code, payload)
+        if scaled is not None and self.on_scale is not None:
+            try:
+                self.on_scale(*scaled)
+            except Exception:  # the callback is the runner's code: report it, keep serving
+                log.exception("on_scale%r raised", scaled)
+
+    def _authorized(self, header: str | None) -> bool:
+        if not header:
+            return False
+        scheme, _, credential = header.partition(" ")
+        return scheme.lower() == "bearer" and secrets.compare_digest(credential.strip(), self.token)
+
+    def _fault_for(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            for rule in self._faults:
+                if rule.method not in (None, method) or not rule.pattern.search(path):
+                    continue
+                if rule.remaining is not None:
+                    if rule.remaining[0] <= 0:
+                        continue
+                    rule.remaining[0] -= 1
+                return rule.fault
+        return None
+
+    def _fault_body(self, code: int, target: _Target | None, path: str) -> JsonObject:
+        if target is None:
+            return status_object(code, "the server could not find the requested resource")
+        resource = (
+            f"{target.resource}/{target.subresource}" if target.subresource else target.resource
+        )
+        if code == 401:
+            return status_object(401, "Unauthorized")
+        if code == 403:
+            subject = f'{target.qualified} "{target.name}"' if target.name else target.qualified
+            scope = (
+                f'in the namespace "{target.namespace}"'
+                if target.namespace
+                else "at the cluster scope"
+            )
+            message = (
+                f'{subject} is forbidden: User "{self.user}" cannot {target.verb} resource '
+                f'"{resource}" in API group "{target.group}" {scope}'
+            )
+            return status_object(403, message, target.details)
+        if code == 404:
+            return status_object(
+                404, f'{target.qualified} "{target.name}" not found', target.details
+            )
+        if code == 409:
+            message = (
+                f'Operation cannot be fulfilled on {target.qualified} "{target.name}": the object '
+                "has been modified; please apply your changes to the latest version and try again"
+            )
+            return status_object(409, message, target.details)
+        if code == 429:
+            return status_object(
+                429, "Too many requests, please try again later.", {"retryAfterSeconds": 1}
+            )
+        if code == 500:
+            cause = "etcdserver: request timed out"
+            return status_object(
+                500, f"Internal error occurred: {cause}", {"causes": [{"message": cause}]}
+            )
+        if code == 503:
+            return status_object(503, "the server is currently unable to handle the request")
+        if code == 504:
+            return status_object(504, "Timeout: request did not complete within requested timeout")
+        return status_object(code, f"fault injected on {path}")
+
+    def _route(
+        self, method: str, path: str, target: _Target | None, ctype: str | None, body: Any
+    ) -> tuple[int, JsonObject, tuple[str, str, int] | None]:
+        if target is None:
+            return 404, status_object(404, "the server could not find the requested resource"), None
+        with self._lock:
+            if target.resource == "nodes":
+                if method != "GET":
+                    return 405, status_object(405, f"{method} is not supported here"), None
+                if not target.name:
+                    items = [copy.deepcopy(n) for n in self.nodes.values()]
+                    meta = {"resourceVersion": str(self._resource_version)}
+                    return (
+                        200,
+                        {"kind": "NodeList", "apiVersion": "v1", "metadata": meta, "items": items},
+                        None,
+                    )
+                node = self.nodes.get(target.name)
+                if node is None:
+                    return 404, self._fault_body(404, target, path), None
+                return 200, copy.deepcopy(node), None
+            sts = self.statefulsets.get((target.namespace, target.name))
+            if sts is None:
+                return 404, self._fault_body(404, target, path), None
+            if not target.subresource:
+                if method != "GET":
+                    return 405, status_object(405, f"{method} is not supported here"), None
+                return 200, copy.deepcopy(sts), None
+            if method == "GET":
+                return 200, self._scale(sts), None
+            if method not in ("PATCH", "PUT"):
+                return 405, status_object(405, f"{method} is not supported here"), None
+            replicas = _replicas_from(method, ctype, body)
+            if isinstance(replicas, tuple):
+                code, message = replicas
+                return code, status_object(code, message), None
+            if replicas != sts["spec"]["replicas"]:
+                sts["spec"]["replicas"] = replicas
+                sts["metadata"]["generation"] = int(sts["metadata"].get("generation", 1)) + 1
+                sts["metadata"]["resourceVersion"] = self._next_version()
+                sts["status"]["replicas"] = replicas
+            return 200, self._scale(sts), (target.namespace, target.name, replicas)
+
+    def _scale(self, sts: JsonObject) -> JsonObject:
+        meta = sts["metadata"]
+        labels = sts["spec"].get("selector", {}).get("matchLabels", {})
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+                "resourceVersion": meta["resourceVersion"],
+                "creationTimestamp": meta["creationTimestamp"],
+            },
+            "spec": {"replicas": sts["spec"]["replicas"]},
+            "status": {
+                "replicas": sts["status"].get("replicas", 0),
+                "selector": ",".join(f"{k}={v}" for k, v in sorted(labels.items())),
+            },
+        }
+
+    def _next_version(self) -> str:
+        self._resource_version += 1
+        return str(self._resource_version)
+
+    def _send(
+        self, req: _Handler, code: int, payload: JsonObject, *, retry_after: bool = False
+    ) -> None:
+        data = json.dumps(payload).encode()
+        req.send_response(code)
+        req.send_header("Audit-Id", str(uuid.uuid4()))
+        req.send_header("Cache-Control", "no-cache, private")
+        req.send_header("Content-Type", "application/json")
+        req.send_header("X-Kubernetes-Pf-Flowschema-Uid", "f2d1b2a0-6d0e-4c55-9f3e-0a1b2c3d4e5f")
+        req.send_header("X-Kubernetes-Pf-Prioritylevel-Uid", "0d6c3b5e-2f4a-4b8e-8c1d-5e6f7a8b9c0d")
+        if retry_after:
+            req.send_header("Retry-After", "1")
+        req.send_header("Content-Length", str(len(data)))
+        req.end_headers()
+        req.wfile.write(data)
+
+    # -- files -----------------------------------------------------------------------------
+
+    def _make_certificates(self) -> None:
+        pki = self.workdir / "pki"
+        pki.mkdir(parents=True, exist_ok=True)
+        ips = {"127.0.0.1", *self._extra_ips}
+        if self.host not in ("0.0.0.0", "::"):
+            ips.add(self.host)
+        dns = ["kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+        dns += ["kubernetes.default.svc.cluster.local", "localhost"]
+        sans = [f"DNS:{d}" for d in dns] + [f"IP:{ipaddress.ip_address(i)}" for i in sorted(ips)]
+        (pki / "apiserver.ext").write_text(
+            "basicConstraints=critical,CA:FALSE\n"
+            "keyUsage=critical,digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=serverAuth\n"
+            f"subjectAltName={','.join(sans)}\n",
+            encoding="utf-8",
+        )
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        steps = [
+            ["req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
+             "-subj", "/CN=kubernetes", "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,digitalSignature,keyCertSign,cRLSign"],
+            ["req", "-new", *ec, "-keyout", "apiserver.key", "-out", "apiserver.csr",
+             "-subj", "/CN=kube-apiserver"],
+            ["x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-set_serial", str(int.from_bytes(secrets.token_bytes(8), "big")), "-days", "365",
+             "-extfile", "apiserver.ext", "-out", "apiserver.crt"],
+        ]  # fmt: skip
+        for step in steps:
+            done = subprocess.run(
+                ["openssl", *step], cwd=pki, capture_output=True, text=True, check=False
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"openssl {step[0]} failed: {done.stderr.strip()}")
+
+    def _write_serviceaccount(self) -> None:
+        sa = self.serviceaccount_dir
+        sa.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.workdir / "pki" / "ca.crt", sa / "ca.crt")
+        # The kubelet writes both without a trailing newline.
+        (sa / "token").write_text(self.token, encoding="utf-8")
+        (sa / "namespace").write_text(self.namespace, encoding="utf-8")
+        for item in sa.iterdir():
+            item.chmod(0o644)
+
+
+def _replicas_from(method: str, ctype: str | None, body: Any) -> int | tuple[int, str]:
+    """The new spec.replicas from a scale PATCH/PUT body, or (status, message)."""
+    kind = (ctype or "").split(";")[0].strip().lower()
+    value: Any = None
+    if kind == "application/json-patch+json":
+        if not isinstance(body, list):
+            return 400, "the body of a JSON patch must be a list of operations"
+        for op in body:
+            if isinstance(op, dict) and op.get("path") == "/spec/replicas":
+                if op.get("op") not in ("replace", "add"):
+                    return 422, f"unsupported JSON patch op {op.get('op')!r} on /spec/replicas"
+                value = op.get("value")
+    elif kind in ("application/merge-patch+json", "application/strategic-merge-patch+json") or (
+        method == "PUT" and kind == "application/json"
+    ):
+        if not isinstance(body, dict):
+            return 400, "the body must be a JSON object"
+        value = (body.get("spec") or {}).get("replicas")
+    else:
+        return 415, f"the body of the request was in an unknown format: {ctype}"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        message = f"spec.replicas: Invalid value: {value!r}: must be greater than or equal to 0"
+        return 422, f'Scale.autoscaling "" is invalid: {message}'
+    return value
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
