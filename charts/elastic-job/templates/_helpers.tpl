@@ -1,0 +1,217 @@
+{{/* Chart name, or nameOverride, cut to 63 characters. */}}
+{{- define "elastic-job.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Full name prefix of every object, cut to 63 characters (a DNS label): fullnameOverride,
+else the release name when it contains the chart name, else "<release>-<chart name>".
+*/}}
+{{- define "elastic-job.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "elastic-job.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels of a component: name, instance and component only, never a version. */}}
+{{- define "elastic-job.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "elastic-job.name" .root | quote }}
+app.kubernetes.io/instance: {{ .root.Release.Name | quote }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* All labels of a component's objects. Call with (dict "root" $ "component" "worker"). */}}
+{{- define "elastic-job.labels" -}}
+{{ include "elastic-job.selectorLabels" . }}
+app.kubernetes.io/part-of: elastic-job
+app.kubernetes.io/managed-by: {{ .root.Release.Service | quote }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+helm.sh/chart: {{ include "elastic-job.chart" .root | quote }}
+{{- end -}}
+
+{{/*
+Job id (torch --rdzv-id): job.id, else "<namespace>-<release>"; lower-cased, cut to 63
+characters, trailing "-" removed. Stable: never random.
+*/}}
+{{- define "elastic-job.jobId" -}}
+{{- $id := .Values.job.id | default (printf "%s-%s" .Release.Namespace .Release.Name) -}}
+{{- $id | lower | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The worker StatefulSet of a group: "<fullname>-<group>" cut to 52 characters (the
+controller-revision-hash label adds "-<10 character hash>" and labels stop at 63). */}}
+{{- define "elastic-job.statefulsetName" -}}
+{{- printf "%s-%s" (include "elastic-job.fullname" .root) .group | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Comma-separated names of every worker StatefulSet of this release, sorted by group. */}}
+{{- define "elastic-job.statefulsetNames" -}}
+{{- $names := list -}}
+{{- range $group, $g := .Values.workerGroups -}}
+{{- if $g -}}
+{{- $names = append $names (include "elastic-job.statefulsetName" (dict "root" $ "group" $group)) -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end -}}
+
+{{/* The one headless Service of the workers (stable pod DNS names). */}}
+{{- define "elastic-job.workerServiceName" -}}
+{{- printf "%s-workers" (include "elastic-job.fullname" . | trunc 55 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "elastic-job.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "elastic-job.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "elastic-job.podGroupName" -}}
+{{- include "elastic-job.fullname" . -}}
+{{- end -}}
+
+{{/* ClusterRole and its binding: cluster-scoped, so named per namespace and release. */}}
+{{- define "elastic-job.clusterRoleName" -}}
+{{- printf "%s-%s-node-reader" .Release.Namespace (include "elastic-job.fullname" .) | trunc 253 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name of the bundled etcd-rendezvous chart, as that chart computes it. */}}
+{{- define "elastic-job.etcdFullname" -}}
+{{- $etcd := index .Values "etcd-rendezvous" | default dict -}}
+{{- if $etcd.fullnameOverride -}}
+{{- $etcd.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-etcd-rendezvous" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "elastic-job.etcdEnabled" -}}
+{{- $etcd := index .Values "etcd-rendezvous" | default dict -}}
+{{- if (hasKey $etcd "enabled" | ternary $etcd.enabled true) }}true{{ end -}}
+{{- end -}}
+
+{{/* Rendezvous endpoint host:port: the bundled etcd's client Service FQDN, or the external one. */}}
+{{- define "elastic-job.rdzvEndpoint" -}}
+{{- if include "elastic-job.etcdEnabled" . -}}
+{{- $etcd := index .Values "etcd-rendezvous" | default dict -}}
+{{- $domain := $etcd.clusterDomain | default .Values.clusterDomain -}}
+{{- printf "%s.%s.svc.%s:2379" (include "elastic-job.etcdFullname" .) .Release.Namespace $domain -}}
+{{- else -}}
+{{- .Values.rendezvous.endpoint -}}
+{{- end -}}
+{{- end -}}
+
+{{/* torchrun --rdzv-conf for the etcd-v2 (dynamic) handler: "k=v,k=v". */}}
+{{- define "elastic-job.rdzvConf" -}}
+{{- $r := .Values.rendezvous -}}
+{{- $conf := list
+  (printf "join_timeout=%v" ($r.joinTimeout | int64))
+  (printf "last_call_timeout=%v" ($r.lastCallTimeout | int64))
+  (printf "close_timeout=%v" ($r.closeTimeout | int64))
+  (printf "keep_alive_interval=%v" ($r.keepAliveInterval | int64))
+  (printf "keep_alive_max_attempt=%v" ($r.keepAliveMaxAttempt | int64)) -}}
+{{- range $k, $v := $r.extraConf -}}
+{{- $conf = append $conf (printf "%s=%v" $k $v) -}}
+{{- end -}}
+{{- if $r.tls.enabled -}}
+{{- $conf = append $conf "protocol=https" -}}
+{{- $conf = append $conf "ca_cert=/etc/elastic-job/rendezvous-ca/ca.crt" -}}
+{{- if $r.tls.clientCertSecret -}}
+{{- $conf = append $conf "ssl_cert=/etc/elastic-job/rendezvous-client/tls.crt" -}}
+{{- $conf = append $conf "ssl_cert_key=/etc/elastic-job/rendezvous-client/tls.key" -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $conf -}}
+{{- end -}}
+
+{{/* A number as Kubernetes and the entrypoints read it: integers without a decimal point. */}}
+{{- define "elastic-job.num" -}}
+{{- if eq (float64 .) (float64 (int64 .)) -}}
+{{- int64 . -}}
+{{- else -}}
+{{- float64 . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "elastic-job.image" -}}
+{{- printf "%s:%s" .image.repository (.image.tag | default .root.Chart.AppVersion | toString) -}}
+{{- end -}}
+
+{{/*
+A group's effective settings over the worker defaults, as YAML. Call with
+(dict "root" $ "name" <group> "group" <group values>). nodeSelector, env, podLabels and
+podAnnotations merge (the group wins); the rest replace when the group sets them.
+*/}}
+{{- define "elastic-job.groupSettings" -}}
+{{- $w := .root.Values.worker -}}
+{{- $g := .group -}}
+{{- $out := dict "replicas" $g.replicas -}}
+{{- $_ := set $out "nodeSelector" (merge (deepCopy ($g.nodeSelector | default dict)) ($w.nodeSelector | default dict)) -}}
+{{- $_ := set $out "env" (merge (deepCopy ($g.env | default dict)) ($w.env | default dict)) -}}
+{{- $_ := set $out "podLabels" (merge (deepCopy ($g.podLabels | default dict)) ($w.podLabels | default dict)) -}}
+{{- $_ := set $out "podAnnotations" (merge (deepCopy ($g.podAnnotations | default dict)) ($w.podAnnotations | default dict)) -}}
+{{- range $key := list "tolerations" "affinity" "resources" "gpus" "priorityClassName" -}}
+{{- if hasKey $g $key -}}
+{{- $_ := set $out $key (index $g $key) -}}
+{{- else -}}
+{{- $_ := set $out $key (index $w $key) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* The worker container's resources: the group's, with its GPUs added to requests and limits. */}}
+{{- define "elastic-job.workerResources" -}}
+{{- $res := deepCopy (.settings.resources | default dict) -}}
+{{- $gpus := .settings.gpus | default 0 | int64 -}}
+{{- if gt $gpus 0 -}}
+{{- $limits := $res.limits | default dict -}}
+{{- $_ := set $limits .root.Values.worker.gpuResourceName $gpus -}}
+{{- $_ := set $res "limits" $limits -}}
+{{- $requests := $res.requests | default dict -}}
+{{- $_ := set $requests .root.Values.worker.gpuResourceName $gpus -}}
+{{- $_ := set $res "requests" $requests -}}
+{{- end -}}
+{{- toYaml $res -}}
+{{- end -}}
+
+{{/*
+A Kubernetes quantity in bytes (as a float), for comparing sizes: "1Gi", "512Mi", "2G",
+"1e9", "100". Call with the quantity; returns "" when it is not a byte quantity.
+*/}}
+{{- define "elastic-job.bytes" -}}
+{{- $q := . | toString -}}
+{{- $m := regexFindAll "^([0-9]+(?:\\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E|m)?$" $q 1 -}}
+{{- if $m -}}
+{{- $num := regexFind "^[0-9]+(?:\\.[0-9]+)?" $q -}}
+{{- $unit := trimPrefix $num $q -}}
+{{- $mult := dict "" 1.0 "m" 0.001 "k" 1e3 "K" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- mulf (float64 $num) (index $mult $unit) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A quantity times a count, keeping its unit: (dict "q" "16Gi" "n" 2) -> "32Gi". */}}
+{{- define "elastic-job.quantityTimes" -}}
+{{- $q := .q | toString -}}
+{{- $num := regexFind "^[0-9]+(?:\\.[0-9]+)?" $q -}}
+{{- $unit := trimPrefix $num $q -}}
+{{- $total := mulf (float64 $num) (float64 .n) -}}
+{{- if eq $total (float64 (int64 $total)) -}}
+{{- printf "%d%s" (int64 $total) $unit -}}
+{{- else -}}
+{{- printf "%v%s" $total $unit -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,99 @@
+{{/*
+Cross-field rules the schema cannot express. Each message names the value and says what to
+do. Included once, from worker-statefulset.yaml (rendered on every install).
+*/}}
+{{- define "elastic-job.validate" -}}
+{{- $v := .Values -}}
+{{- $min := $v.job.minNodes | int64 -}}
+{{- $max := $v.job.maxNodes | int64 -}}
+{{- if gt $min $max -}}
+{{- fail (printf "job.minNodes (%d) is greater than job.maxNodes (%d): set job.minNodes <= job.maxNodes" $min $max) -}}
+{{- end -}}
+{{- $groups := list -}}
+{{- $replicas := 0 -}}
+{{- range $name, $g := $v.workerGroups -}}
+{{- if $g -}}
+{{- $groups = append $groups $name -}}
+{{- if not (hasKey $g "replicas") -}}
+{{- fail (printf "workerGroups.%s.replicas is required: set the number of pods of the group" $name) -}}
+{{- end -}}
+{{- $replicas = add $replicas ($g.replicas | int64) -}}
+{{- end -}}
+{{- end -}}
+{{- if not $groups -}}
+{{- fail "workerGroups has no group: define at least one, e.g. workerGroups.default.replicas=2" -}}
+{{- end -}}
+{{- if lt (int64 $replicas) $min -}}
+{{- fail (printf "workerGroups replicas add up to %d, fewer than job.minNodes (%d): the job (and its gang, minMember = job.minNodes) could never start; raise workerGroups.<name>.replicas or lower job.minNodes" (int64 $replicas) $min) -}}
+{{- end -}}
+{{- $names := dict -}}
+{{- range $name := $groups -}}
+{{- $sts := include "elastic-job.statefulsetName" (dict "root" $ "group" $name) -}}
+{{- if hasKey $names $sts -}}
+{{- fail (printf "workerGroups.%s and workerGroups.%s give the same StatefulSet name %q after cutting to 52 characters: shorten the group names or fullnameOverride" (index $names $sts) $name $sts) -}}
+{{- end -}}
+{{- $_ := set $names $sts $name -}}
+{{- end -}}
+{{- /* The rendezvous endpoint. */ -}}
+{{- if include "elastic-job.etcdEnabled" . -}}
+{{- if $v.rendezvous.endpoint -}}
+{{- fail (printf "rendezvous.endpoint %q is set while etcd-rendezvous.enabled is true: set etcd-rendezvous.enabled=false to use an external etcd, or clear rendezvous.endpoint" $v.rendezvous.endpoint) -}}
+{{- end -}}
+{{- $etcd := index $v "etcd-rendezvous" -}}
+{{- $etcdTls := and $etcd.tls $etcd.tls.enabled -}}
+{{- if ne (not (not $etcdTls)) (not (not $v.rendezvous.tls.enabled)) -}}
+{{- fail (printf "rendezvous.tls.enabled (%v) differs from etcd-rendezvous.tls.enabled (%v): enable TLS on both or neither" $v.rendezvous.tls.enabled (not (not $etcdTls))) -}}
+{{- end -}}
+{{- else -}}
+{{- if not $v.rendezvous.endpoint -}}
+{{- fail "rendezvous.endpoint is empty while etcd-rendezvous.enabled is false: set rendezvous.endpoint to host:port of an etcd 3.5 with the v2 API on" -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.rendezvous.tls.enabled (not $v.rendezvous.tls.caSecret) -}}
+{{- fail "rendezvous.tls.caSecret is empty while rendezvous.tls.enabled is true: name the Secret holding ca.crt" -}}
+{{- end -}}
+{{- if and $v.rendezvous.tls.clientCertSecret (not $v.rendezvous.tls.enabled) -}}
+{{- fail "rendezvous.tls.clientCertSecret is set but rendezvous.tls.enabled is false: enable TLS or clear it" -}}
+{{- end -}}
+{{- if ge (float64 $v.rendezvous.lastCallTimeout) (float64 $v.rendezvous.joinTimeout) -}}
+{{- fail (printf "rendezvous.lastCallTimeout (%v) must be shorter than rendezvous.joinTimeout (%v)" $v.rendezvous.lastCallTimeout $v.rendezvous.joinTimeout) -}}
+{{- end -}}
+{{- range $k, $_ := $v.rendezvous.extraConf -}}
+{{- if has $k (list "join_timeout" "last_call_timeout" "close_timeout" "keep_alive_interval" "keep_alive_max_attempt" "protocol" "ca_cert" "ssl_cert" "ssl_cert_key") -}}
+{{- fail (printf "rendezvous.extraConf.%s is set by the chart: use the matching rendezvous.* value instead" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.checkpoint.enabled (not $v.checkpoint.existingClaim) -}}
+{{- fail "checkpoint.existingClaim is empty while checkpoint.enabled is true: name an existing PersistentVolumeClaim (ReadWriteMany when pods span nodes)" -}}
+{{- end -}}
+{{- if and $v.mesh.required (not $v.mesh.interfaces) -}}
+{{- fail "mesh.required is true but mesh.interfaces is empty: name the mesh interface globs, e.g. wg*" -}}
+{{- end -}}
+{{- /* Names the chart sets on the worker container; the user's env must not repeat them. */ -}}
+{{- $owned := list "ELASTIC_JOB_ID" "ELASTIC_RDZV_ENDPOINT" "ELASTIC_MIN_NODES" "ELASTIC_MAX_NODES" "ELASTIC_NPROC_PER_NODE" "ELASTIC_MAX_RESTARTS" "ELASTIC_RDZV_CONF" "ELASTIC_MONITOR_INTERVAL" "ELASTIC_GATE_TIMEOUT" "ELASTIC_GATE_PEERS" "ELASTIC_MESH_INTERFACES" "ELASTIC_MESH_REQUIRED" "ELASTIC_INJECT_ENV" "ELASTIC_GRACE_PERIOD" "ELASTIC_SCALE_DOWN" "ELASTIC_STATEFULSETS" "CHECKPOINT_DIR" "POD_NAME" "POD_NAMESPACE" "POD_IP" "NODE_NAME" -}}
+{{- range $name := $groups -}}
+{{- $g := index $v.workerGroups $name -}}
+{{- $s := include "elastic-job.groupSettings" (dict "root" $ "name" $name "group" $g) | fromYaml -}}
+{{- range $key, $_ := $s.env -}}
+{{- if has $key $owned -}}
+{{- $where := ternary (printf "workerGroups.%s.env.%s" $name $key) (printf "worker.env.%s" $key) (hasKey ($g.env | default dict) $key) -}}
+{{- fail (printf "%s: %s is set by the chart (see docs/contracts.md); use the matching chart value instead" $where $key) -}}
+{{- end -}}
+{{- end -}}
+{{- $gpus := $s.gpus | default 0 | int64 -}}
+{{- if and (gt $gpus 0) (gt ($v.job.nprocPerNode | int64) $gpus) -}}
+{{- fail (printf "job.nprocPerNode (%d) exceeds the GPUs per pod of workerGroups.%s (%d): one process per GPU at most" ($v.job.nprocPerNode | int64) $name $gpus) -}}
+{{- end -}}
+{{- $limits := ($s.resources | default dict).limits | default dict -}}
+{{- if $limits.memory -}}
+{{- $limitBytes := include "elastic-job.bytes" $limits.memory -}}
+{{- $shmBytes := include "elastic-job.bytes" $v.worker.shmSizeLimit -}}
+{{- if and $limitBytes $shmBytes (gt (float64 $shmBytes) (float64 $limitBytes)) -}}
+{{- fail (printf "worker.shmSizeLimit (%s) exceeds the memory limit of workerGroups.%s (%s): /dev/shm counts against it; lower worker.shmSizeLimit or raise the limit" (toString $v.worker.shmSizeLimit) $name (toString $limits.memory)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.gang.volcano.enabled (not $v.gang.volcano.queue) -}}
+{{- fail "gang.volcano.queue is empty while gang.volcano.enabled is true: name a Volcano queue (e.g. default)" -}}
+{{- end -}}
+{{- end -}}
