@@ -1,0 +1,96 @@
+"""Faults on demand: parsing `--kill POD@SECONDS` and friends into a typed schedule."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+
+class FaultKind(str, Enum):
+    KILL = "kill"  # SIGKILL every process of the pod's running container
+    PREEMPT = "preempt"  # delete the pod: SIGTERM, SIGKILL after the grace period
+    PARTITION = "partition"  # pod link down (for DURATION seconds, or until the end)
+    SCALE = "scale"  # set a worker StatefulSet's replicas
+    RESTART_RENDEZVOUS = "restart-rendezvous"  # delete the etcd pod; the StatefulSet recreates it
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    at: float  # seconds after the run started
+    target: str = ""  # pod name, or worker group / StatefulSet name for SCALE
+    duration: float | None = None  # PARTITION only: None keeps the link down
+    replicas: int | None = None  # SCALE only
+
+    def describe(self) -> str:
+        if self.kind is FaultKind.SCALE:
+            return f"scale {self.target}={self.replicas}"
+        if self.kind is FaultKind.RESTART_RENDEZVOUS:
+            return "restart-rendezvous"
+        if self.kind is FaultKind.PARTITION and self.duration is not None:
+            return f"partition {self.target} for {self.duration:g}s"
+        return f"{self.kind.value} {self.target}"
+
+
+class FaultSyntaxError(ValueError):
+    """A fault argument that does not parse; the message says the expected form."""
+
+
+_SECONDS = r"(\d+(?:\.\d+)?)"
+_NAME = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?)"
+_POD_AT = re.compile(rf"^{_NAME}@{_SECONDS}$")
+_PARTITION = re.compile(rf"^{_NAME}@{_SECONDS}(?::{_SECONDS})?$")
+_SCALE = re.compile(rf"^{_NAME}=(\d+)@{_SECONDS}$")
+_AT = re.compile(rf"^@?{_SECONDS}$")
+
+
+def parse_pod_fault(kind: FaultKind, text: str) -> Fault:
+    """`POD@SECONDS` for --kill and --preempt."""
+    m = _POD_AT.match(text.strip())
+    if not m:
+        raise FaultSyntaxError(f"--{kind.value} {text!r}: expected POD@SECONDS, e.g. demo-w-1@40")
+    return Fault(kind, float(m.group(3)), target=m.group(1))
+
+
+def parse_partition(text: str) -> Fault:
+    """`POD@SECONDS[:DURATION]`."""
+    m = _PARTITION.match(text.strip())
+    if not m:
+        raise FaultSyntaxError(
+            f"--partition {text!r}: expected POD@SECONDS[:DURATION], e.g. demo-w-1@40:20"
+        )
+    duration = float(m.group(4)) if m.group(4) is not None else None
+    return Fault(FaultKind.PARTITION, float(m.group(3)), target=m.group(1), duration=duration)
+
+
+def parse_scale(text: str) -> Fault:
+    """`GROUP=N@SECONDS`; GROUP is a worker group name or a StatefulSet name."""
+    m = _SCALE.match(text.strip())
+    if not m:
+        raise FaultSyntaxError(f"--scale {text!r}: expected GROUP=N@SECONDS, e.g. workers=3@30")
+    return Fault(FaultKind.SCALE, float(m.group(4)), target=m.group(1), replicas=int(m.group(3)))
+
+
+def parse_restart_rendezvous(text: str) -> Fault:
+    """`SECONDS` (also accepted with a leading `@`)."""
+    m = _AT.match(text.strip())
+    if not m:
+        raise FaultSyntaxError(f"--restart-rendezvous {text!r}: expected @SECONDS, e.g. @45")
+    return Fault(FaultKind.RESTART_RENDEZVOUS, float(m.group(1)))
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """Split `--restart-rendezvous@45` into `--restart-rendezvous 45` for argparse."""
+    out: list[str] = []
+    for arg in argv:
+        if arg.startswith("--restart-rendezvous@"):
+            out += ["--restart-rendezvous", arg.split("@", 1)[1]]
+        else:
+            out.append(arg)
+    return out
+
+
+def schedule(faults: list[Fault]) -> list[Fault]:
+    """Faults in the order they fire (stable for equal times)."""
+    return sorted(faults, key=lambda f: f.at)

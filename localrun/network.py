@@ -1,0 +1,313 @@
+"""Pod networking: one network namespace per pod, `eth0` by veth to a host bridge.
+
+Addresses come from 198.18.0.0/15 (the benchmarking range, RFC 2544) only: each run takes
+one free /24 of it, the bridge holds `.1` (the fake API server listens there) and pods get
+`.10` upwards, one address per pod name (kept when the pod is recreated, so a Service's
+name keeps pointing at its pod without a kube-proxy). Every pod has its own
+/etc/netns/<ns>/hosts (bind-mounted over /etc/hosts by `ip netns exec`) with the
+Services' and pods' DNS names, and a resolv.conf whose nameserver refuses at once, so a
+name that is not in the hosts file fails fast, as NXDOMAIN would.
+
+Without root there are no namespaces: pods share the host network on 127.x addresses and
+the runner substitutes DNS names in environment values (LoopbackNetwork).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+RANGE = ipaddress.ip_network("198.18.0.0/15")
+STATE_DIR = Path("/run/elastic-local")
+NETNS_ETC = Path("/etc/netns")
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    """A Service as DNS sees it: its name and the pods behind it."""
+
+    name: str
+    namespace: str
+    headless: bool
+    pods: tuple[str, ...]  # pod names selected (running), in ordinal order
+
+
+@dataclass(frozen=True)
+class PodRecord:
+    name: str
+    namespace: str
+    ip: str
+    subdomain: str  # spec.subdomain / StatefulSet serviceName ("" for none)
+
+
+def service_names(svc: str, ns: str, domain: str) -> list[str]:
+    """FQDN first, then the shorter forms a pod in the same namespace can use."""
+    return [f"{svc}.{ns}.svc.{domain}", f"{svc}.{ns}.svc", f"{svc}.{ns}", svc]
+
+
+def pod_names(pod: PodRecord, domain: str) -> list[str]:
+    if not pod.subdomain:
+        return []
+    base = f"{pod.name}.{pod.subdomain}"
+    return [
+        f"{base}.{pod.namespace}.svc.{domain}",
+        f"{base}.{pod.namespace}.svc",
+        f"{base}.{pod.namespace}",
+        base,
+    ]
+
+
+def dns_table(
+    pods: Iterable[PodRecord], services: Iterable[ServiceRecord], domain: str
+) -> dict[str, list[str]]:
+    """name -> addresses, for every pod DNS name and Service name the cluster DNS serves.
+
+    A normal Service resolves to one address (its first selected pod stands in for the
+    ClusterIP); a headless one to every selected pod."""
+    by_name = {p.name: p for p in pods}
+    table: dict[str, list[str]] = {}
+    for p in by_name.values():
+        for n in pod_names(p, domain):
+            table[n] = [p.ip]
+    for s in services:
+        ips = [by_name[n].ip for n in s.pods if n in by_name]
+        if not ips:
+            continue
+        for n in service_names(s.name, s.namespace, domain):
+            table[n] = ips if s.headless else ips[:1]
+    return table
+
+
+def hosts_file(own: PodRecord, table: Mapping[str, list[str]], domain: str) -> str:
+    """/etc/hosts for one pod: localhost, the pod's own names (as the kubelet writes them),
+    then one line per address with every name that resolves to it."""
+    lines = [
+        "# written by elastic-local (localrun/network.py)",
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+    ]
+    own_names = [*pod_names(own, domain), own.name]
+    lines.append(f"{own.ip}\t{' '.join(dict.fromkeys(own_names))}")
+    by_ip: dict[str, list[str]] = {}
+    for name, ips in sorted(table.items()):
+        if name in own_names:
+            continue
+        for ip in ips:
+            by_ip.setdefault(ip, []).append(name)
+    for ip, names in by_ip.items():
+        lines.append(f"{ip}\t{' '.join(names)}")
+    return "\n".join(lines) + "\n"
+
+
+def resolv_conf(namespace: str, domain: str) -> str:
+    return (
+        "# written by elastic-local: names come from /etc/hosts; this nameserver refuses\n"
+        "nameserver 127.0.0.1\n"
+        f"search {namespace}.svc.{domain} svc.{domain} {domain}\n"
+        "options ndots:5 timeout:1 attempts:1\n"
+    )
+
+
+def run_ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise NetworkError(f"ip {' '.join(args)}: {proc.stderr.strip()}")
+    return proc
+
+
+class NetworkError(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def _state_lock() -> Iterator[None]:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(STATE_DIR / "lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def used_ipv4_networks() -> list[ipaddress.IPv4Network]:
+    out = run_ip("-o", "-4", "addr", "show").stdout
+    nets = []
+    for line in out.splitlines():
+        parts = line.split()
+        if "inet" in parts:
+            nets.append(ipaddress.ip_interface(parts[parts.index("inet") + 1]).network)
+    return nets
+
+
+def pick_subnet(used: Iterable[ipaddress.IPv4Network], seed: int) -> ipaddress.IPv4Network:
+    """A /24 of 198.18.0.0/15 that overlaps none in use, starting at a seed (the pid)."""
+    subnets = list(RANGE.subnets(new_prefix=24))
+    used = list(used)
+    for i in range(len(subnets)):
+        cand = subnets[(seed + i) % len(subnets)]
+        if not any(cand.overlaps(u) for u in used):
+            return cand
+    raise NetworkError("no free /24 left in 198.18.0.0/15")
+
+
+@dataclass
+class PodNet:
+    name: str  # pod name
+    netns: str  # "" without namespaces
+    ip: str
+    host_veth: str = ""
+    up: bool = True
+
+
+class Network:
+    """The bridge, the per-pod namespaces and their hosts files (needs root)."""
+
+    isolated = True
+
+    def __init__(self, prefix: str, domain: str) -> None:
+        self.prefix = prefix  # short and unique per run, e.g. "e12345"
+        self.domain = domain
+        self.bridge = f"{prefix}br"
+        self.subnet: ipaddress.IPv4Network | None = None
+        self.host_ip = ""
+        self.pods: dict[str, PodNet] = {}
+        self._ips: dict[str, str] = {}  # pod name -> address, stable over recreation
+        self._next_host = 10
+        self._veths = 0
+        self._made_bridge = False
+
+    def describe(self) -> str:
+        return f"network namespaces on bridge {self.bridge} {self.subnet} (host {self.host_ip})"
+
+    def setup(self) -> None:
+        with _state_lock():
+            self.subnet = pick_subnet(used_ipv4_networks(), os.getpid())
+            self.host_ip = str(self.subnet.network_address + 1)
+            run_ip("link", "add", self.bridge, "type", "bridge")
+            self._made_bridge = True
+            run_ip("addr", "add", f"{self.host_ip}/24", "dev", self.bridge)
+            run_ip("link", "set", self.bridge, "up")
+        log.info("bridge %s %s", self.bridge, self.subnet)
+
+    def address(self, pod: str) -> str:
+        if pod not in self._ips:
+            assert self.subnet is not None
+            if self._next_host > 254:
+                raise NetworkError(f"no address left in {self.subnet}")
+            self._ips[pod] = str(self.subnet.network_address + self._next_host)
+            self._next_host += 1
+        return self._ips[pod]
+
+    def add_pod(self, pod: str, incarnation: int) -> PodNet:
+        """A fresh namespace (the pod sandbox) with eth0 on the bridge and lo up."""
+        ip = self.address(pod)
+        self._veths += 1
+        netns = f"el-{self.prefix}-{pod}-{incarnation}"
+        veth = f"{self.prefix}v{self._veths}"
+        run_ip("netns", "add", netns)
+        pn = PodNet(pod, netns, ip, veth)
+        self.pods[pod] = pn
+        run_ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
+        run_ip("link", "set", veth, "master", self.bridge, "up")
+        run_ip("-n", netns, "addr", "add", f"{ip}/24", "dev", "eth0")
+        run_ip("-n", netns, "link", "set", "lo", "up")
+        run_ip("-n", netns, "link", "set", "eth0", "up")
+        run_ip("-n", netns, "route", "add", "default", "via", self.host_ip)
+        etc = NETNS_ETC / netns
+        etc.mkdir(parents=True, exist_ok=True)
+        return pn
+
+    def write_hosts(self, own: PodRecord, table: Mapping[str, list[str]], namespace: str) -> None:
+        pn = self.pods.get(own.name)
+        if pn is None or not pn.netns:
+            return
+        etc = NETNS_ETC / pn.netns
+        # Rewritten in place: `ip netns exec` bind-mounts the file, so a new inode would
+        # not be seen by the processes already running.
+        for fname, text in (
+            ("hosts", hosts_file(own, table, self.domain)),
+            ("resolv.conf", resolv_conf(namespace, self.domain)),
+        ):
+            with open(etc / fname, "a+") as fh:
+                fh.seek(0)
+                if fh.read() == text:
+                    continue
+                fh.seek(0)
+                fh.truncate()
+                fh.write(text)
+
+    def set_link(self, pod: str, up: bool) -> None:
+        pn = self.pods.get(pod)
+        if pn is None:
+            return
+        run_ip("link", "set", pn.host_veth, "up" if up else "down", check=False)
+        pn.up = up
+
+    def remove_pod(self, pod: str) -> None:
+        pn = self.pods.pop(pod, None)
+        if pn is None:
+            return
+        run_ip("link", "del", pn.host_veth, check=False)
+        run_ip("netns", "del", pn.netns, check=False)
+        shutil.rmtree(NETNS_ETC / pn.netns, ignore_errors=True)
+
+    def exec_prefix(self, pod: str) -> list[str]:
+        return ["ip", "netns", "exec", self.pods[pod].netns]
+
+    def teardown(self) -> None:
+        for pod in list(self.pods):
+            self.remove_pod(pod)
+        if self._made_bridge:
+            run_ip("link", "del", self.bridge, check=False)
+            self._made_bridge = False
+        with contextlib.suppress(OSError):
+            NETNS_ETC.rmdir()  # only when empty: other runs may use it
+
+
+class LoopbackNetwork(Network):
+    """No root: pods share the host's network on 127.<a>.<b>.x addresses; no hosts files,
+    no partitions (said once in the log)."""
+
+    isolated = False
+
+    def describe(self) -> str:
+        return (
+            f"no root: pods share the host network on loopback addresses {self.subnet} "
+            "(no network or mount namespaces; DNS names are substituted in env values)"
+        )
+
+    def setup(self) -> None:
+        pid = os.getpid()
+        self.subnet = ipaddress.ip_network(f"127.{100 + (pid >> 8) % 100}.{pid % 256}.0/24")
+        self.host_ip = str(self.subnet.network_address + 1)
+
+    def add_pod(self, pod: str, incarnation: int) -> PodNet:
+        pn = PodNet(pod, "", self.address(pod))
+        self.pods[pod] = pn
+        return pn
+
+    def write_hosts(self, own: PodRecord, table: Mapping[str, list[str]], namespace: str) -> None:
+        return
+
+    def set_link(self, pod: str, up: bool) -> None:
+        log.warning("partition of %s skipped: no network namespaces without root", pod)
+
+    def remove_pod(self, pod: str) -> None:
+        self.pods.pop(pod, None)
+
+    def exec_prefix(self, pod: str) -> list[str]:
+        return []
+
+    def teardown(self) -> None:
+        self.pods.clear()

@@ -1,0 +1,274 @@
+"""Container processes: each runs in its pod's network namespace and in mount, PID and UTS
+namespaces of its own, with every volumeMount bind-mounted at its real mountPath.
+
+    ip netns exec NS unshare --mount --propagation private --pid --fork --kill-child \
+        --uts --mount-proc sh -c SCRIPT sh COMMAND ARGS...
+
+SCRIPT bind-mounts the pod's volumes, sets the hostname to the pod name and `exec`s the
+container's command, which so becomes PID 1 of the container's PID namespace, as in a
+container: SIGTERM reaches only the entrypoint (and only if it handles it), SIGKILL of
+PID 1 takes every process of the container with it, whatever sessions they made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from localrun.network import STATE_DIR
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BindMount:
+    source: str  # host path ("" with tmpfs)
+    target: str  # path inside the container
+    read_only: bool = False
+    tmpfs_size: str = ""  # set: a tmpfs of this size instead of a bind mount (medium Memory)
+
+
+def launch_script(mounts: list[BindMount], hostname: str, workdir: str) -> str:
+    """The sh script that prepares the container's mount namespace, then execs "$@"."""
+    q = shlex.quote
+    lines = ["set -e"]
+    for m in mounts:
+        if m.tmpfs_size:
+            lines.append(f"mount -t tmpfs -o size={q(m.tmpfs_size)} tmpfs {q(m.target)}")
+        else:
+            lines.append(f"mount --bind {q(m.source)} {q(m.target)}")
+        if m.read_only:
+            lines.append(f"mount -o remount,bind,ro {q(m.target)}")
+    if hostname:
+        lines.append(f"hostname {q(hostname)}")
+    lines.append(f"cd {q(workdir or '/')}")
+    lines.append('exec "$@"')
+    return "\n".join(lines)
+
+
+def container_argv(
+    netns_prefix: list[str], mounts: list[BindMount], hostname: str, workdir: str, argv: list[str]
+) -> list[str]:
+    """Full argv for one container; without namespaces (no root) the command as it is."""
+    if not netns_prefix:
+        return list(argv)
+    unshare = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--uts",
+        "--mount-proc",
+    ]
+    script = launch_script(mounts, hostname, workdir)
+    return [*netns_prefix, *unshare, "sh", "-c", script, "sh", *argv]
+
+
+def exit_code(returncode: int) -> int:
+    """Popen's code as Kubernetes reports it: killed by signal N -> 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+class ContainerProcess:
+    """One run of one container: its process, its log and the lines it prints."""
+
+    def __init__(
+        self,
+        pod: str,
+        container: str,
+        argv: list[str],
+        *,
+        env: Mapping[str, str],
+        log_path: Path,
+        on_line: Callable[[str, str, str, float], None],
+        namespaced: bool,
+    ) -> None:
+        self.pod = pod
+        self.container = container
+        self.namespaced = namespaced
+        self.started = time.monotonic()
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log: IO[str] = open(log_path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            argv,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._on_line = on_line
+        self._reader = threading.Thread(
+            target=self._read, name=f"log-{pod}-{container}", daemon=True
+        )
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            self._log.write(line + "\n")
+            self._log.flush()
+            self._on_line(self.pod, self.container, line, time.monotonic())
+        self._log.close()
+
+    def poll(self) -> int | None:
+        rc = self.proc.poll()
+        if rc is None:
+            return None
+        self._reader.join(timeout=2)
+        return exit_code(rc)
+
+    def init_pid(self) -> int | None:
+        """PID (host view) of the container's PID 1: the child of unshare."""
+        if not self.namespaced:
+            return self.proc.pid
+        for _ in range(50):
+            kids = _children(self.proc.pid)
+            if kids:
+                return kids[0]
+            if self.proc.poll() is not None:
+                return None
+            time.sleep(0.01)
+        return None
+
+    def terminate(self) -> None:
+        """SIGTERM to the entrypoint only, as the kubelet does."""
+        pid = self.init_pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL the whole container."""
+        pid = self.init_pid() if self.namespaced else None
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # PID 1 of the namespace: all others go too
+        else:
+            for p in [self.proc.pid, *descendants(self.proc.pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        self._reader.join(timeout=2)
+        return exit_code(rc)
+
+
+class Mountpoints:
+    """Directories created on the host to mount onto, shared by concurrent runs.
+
+    A mountpoint like /etc/inject must exist on the host for a bind mount in a private
+    mount namespace. The runs that need one count themselves in /run/elastic-local; the
+    last to leave removes the directories that a run created."""
+
+    def __init__(self) -> None:
+        self.held: list[str] = []
+
+    def _update(self, fn: Callable[[dict[str, dict[str, object]]], None]) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        with open(STATE_DIR / "mountpoints.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            path = STATE_DIR / "mountpoints.json"
+            try:
+                state = json.loads(path.read_text())
+            except (OSError, ValueError):
+                state = {}
+            fn(state)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state))
+            tmp.replace(path)
+
+    def ensure(self, target: str) -> None:
+        if target in self.held:
+            return
+
+        def add(state: dict[str, dict[str, object]]) -> None:
+            entry = state.setdefault(target, {"created": [], "users": []})
+            if not entry["created"] and not Path(target).is_dir():
+                created = []
+                p = Path(target)
+                while not p.exists():
+                    created.append(str(p))
+                    p = p.parent
+                Path(target).mkdir(parents=True, exist_ok=True)
+                entry["created"] = created  # deepest first
+            users = entry["users"]
+            assert isinstance(users, list)
+            users.append(os.getpid())
+
+        self._update(add)
+        self.held.append(target)
+
+    def release_all(self) -> None:
+        if not self.held:
+            return
+
+        def drop(state: dict[str, dict[str, object]]) -> None:
+            for target in self.held:
+                entry = state.get(target)
+                if entry is None:
+                    continue
+                users = [u for u in entry["users"] if u != os.getpid() and _alive(u)]  # type: ignore[attr-defined]
+                entry["users"] = users
+                if users:
+                    continue
+                for d in entry["created"]:  # type: ignore[attr-defined]
+                    with contextlib.suppress(OSError):
+                        os.rmdir(d)
+                del state[target]
+
+        self._update(drop)
+        self.held.clear()
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
