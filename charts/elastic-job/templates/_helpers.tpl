@@ -215,3 +215,39 @@ A Kubernetes quantity in bytes (as a float), for comparing sizes: "1Gi", "512Mi"
 {{- printf "%v%s" $total $unit -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Checks of checkov (run on the rendered manifests in CI) that do not apply to a worker
+StatefulSet, each with the reason, as its checkov.io/skipN annotations.
+*/}}
+{{- define "elastic-job.workerCheckovSkips" -}}
+{{- $w := .root.Values.worker -}}
+{{- $skips := list
+  "CKV_K8S_43=tags are pinned to a release (worker.image.tag, initTopology.image.tag); a digest can be appended to the tag"
+  "CKV_K8S_15=tags are pinned, so IfNotPresent is correct and avoids a registry round trip on every spot restart"
+  "CKV_K8S_8=torchrun has no health endpoint; a hung rendezvous is bounded by join_timeout and the gate timeout instead"
+  "CKV_K8S_9=workers serve no traffic; a readiness probe would only hide pods from the headless Service DNS"
+  "CKV_K8S_35=the rendezvous settings passed by environment are not secrets" -}}
+{{- $res := .settings.resources | default dict -}}
+{{- $requests := $res.requests | default dict -}}
+{{- $limits := $res.limits | default dict -}}
+{{- $why := "worker CPU and memory depend on the model and the nodes (worker.resources): the user's choice" -}}
+{{- if not $requests.cpu }}{{ $skips = append $skips (printf "CKV_K8S_10=%s" $why) }}{{ end -}}
+{{- if not $limits.cpu }}{{ $skips = append $skips (printf "CKV_K8S_11=%s" $why) }}{{ end -}}
+{{- if not $requests.memory }}{{ $skips = append $skips (printf "CKV_K8S_12=%s" $why) }}{{ end -}}
+{{- if not $limits.memory }}{{ $skips = append $skips (printf "CKV_K8S_13=%s" $why) }}{{ end -}}
+{{- if not $w.containerSecurityContext.readOnlyRootFilesystem -}}
+{{- $skips = append $skips "CKV_K8S_22=training libraries write caches (torch compile, triton) under /tmp and $HOME; see worker.containerSecurityContext" -}}
+{{- end -}}
+{{- $caps := (($w.containerSecurityContext.capabilities | default dict).add | default list) -}}
+{{- if $caps -}}
+{{- $skips = append $skips (printf "CKV_K8S_25=capabilities %s were added in worker.containerSecurityContext by the user (RDMA and EFA need IPC_LOCK to lock memory)" (join "," $caps)) -}}
+{{- end -}}
+{{- if $w.automountServiceAccountToken -}}
+{{- $skips = append $skips "CKV_K8S_38=init-topology reads its Node and the worker scales its own StatefulSets through the API (rbac.*)" -}}
+{{- end -}}
+{{- if not .root.Values.networkPolicy.enabled -}}
+{{- $skips = append $skips "CKV2_K8S_6=networkPolicy.enabled was turned off by the user" -}}
+{{- end -}}
+{{- toYaml $skips -}}
+{{- end -}}

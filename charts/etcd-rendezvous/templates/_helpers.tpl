@@ -79,3 +79,31 @@ A digest may follow the tag (v3.5.21@sha256:...).
 {{- fail "tls.clientCertAuth needs tls.enabled: true" -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Checks of checkov (run on the rendered manifests in CI) that do not apply, each with the
+reason, as the StatefulSet's checkov.io/skipN annotations.
+*/}}
+{{- define "etcd-rendezvous.checkovSkips" -}}
+{{- $skips := list
+  "CKV_K8S_43=the tag is pinned to an etcd release (image.tag); a digest can be appended to the tag"
+  "CKV_K8S_15=tags are pinned, so IfNotPresent is correct and needs no registry on restart"
+  "CKV_K8S_119=one member: the peer URL listens on the pod's loopback only, so there is no peer traffic to encrypt" -}}
+{{- $limits := (.Values.resources | default dict).limits | default dict -}}
+{{- if not $limits.cpu -}}
+{{- $skips = append $skips "CKV_K8S_11=a CPU limit throttles etcd's heartbeats under load; requests are set, limits are the user's choice (resources)" -}}
+{{- end -}}
+{{- if not $limits.memory -}}
+{{- $skips = append $skips "CKV_K8S_13=a memory limit that is hit kills the rendezvous mid-training; requests are set, limits are the user's choice (resources)" -}}
+{{- end -}}
+{{- if not .Values.tls.enabled -}}
+{{- $skips = append $skips "CKV_K8S_116=client TLS is optional (tls.enabled); the NetworkPolicy admits only the job's workers to the client port" -}}
+{{- end -}}
+{{- if not .Values.tls.clientCertAuth -}}
+{{- $skips = append $skips "CKV_K8S_117=client certificates are optional (tls.clientCertAuth); the NetworkPolicy admits only the job's workers to the client port" -}}
+{{- end -}}
+{{- if not .Values.networkPolicy.enabled -}}
+{{- $skips = append $skips "CKV2_K8S_6=networkPolicy.enabled was turned off by the user" -}}
+{{- end -}}
+{{- toYaml $skips -}}
+{{- end -}}
