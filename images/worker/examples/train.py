@@ -1,0 +1,221 @@
+"""Reference elastic training script: a small model, DDP, distributed checkpoints, resume.
+
+Run under torchrun (one process per GPU, or per node on CPU):
+
+    torchrun ... train.py --steps 100 --checkpoint-every 10 --step-seconds 0.5 \
+        --checkpoint-dir /ckpt
+
+Behaviour (docs/contracts.md, docs/recovery.md):
+- gloo on CPU, nccl on GPU; the process group gets a bounded timeout
+  (--pg-timeout, default 60 s, env TRAIN_PG_TIMEOUT) instead of the 30 min default,
+  so a lost peer ends a collective, init_process_group or a checkpoint in bounded time.
+- Checkpoints with torch.distributed.checkpoint into <dir>/step-<n>, written to a
+  temporary directory first and renamed; the file <dir>/latest names the newest complete
+  checkpoint and is replaced last, so a kill mid-save never loses the previous one.
+- Every start resumes from <dir>/latest when it exists (any world size).
+- SIGTERM: every rank finishes its current step, the ranks agree (a MAX all-reduce of a
+  stop flag each step), all save a checkpoint, then the rank(s) that got SIGTERM print
+  `[train] sigterm step=<n>` and exit 0; ranks that did not get it exit 75 (EX_TEMPFAIL:
+  "a peer is leaving, re-form"), so their agents re-form the group without the leaver.
+
+Exit codes: 0 done or stopped by SIGTERM; 75 stopped because a peer got SIGTERM;
+2 bad arguments; anything else is a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
+
+EXIT_PEER_LEAVING = 75
+LATEST = "latest"
+KEEP_CHECKPOINTS = 2
+
+_stop_requested = False
+
+# Saving from rank 0 alone (no_dist=True) is deliberate: DDP state is replicated.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    global _stop_requested  # noqa: PLW0603 - set from a signal handler
+    _stop_requested = True
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100, help="total training steps")
+    parser.add_argument("--checkpoint-every", type=int, default=10, help="steps per checkpoint")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step")
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=os.environ.get("CHECKPOINT_DIR"),
+        help="shared checkpoint directory (default: $CHECKPOINT_DIR)",
+    )
+    parser.add_argument(
+        "--pg-timeout",
+        type=float,
+        default=float(os.environ.get("TRAIN_PG_TIMEOUT", "60")),
+        help="process-group timeout in seconds (default: $TRAIN_PG_TIMEOUT or 60)",
+    )
+    args = parser.parse_args(argv)
+    if not args.checkpoint_dir:
+        parser.error("--checkpoint-dir or CHECKPOINT_DIR is required")
+    if args.steps < 1 or args.checkpoint_every < 1 or args.pg_timeout <= 0:
+        parser.error("--steps, --checkpoint-every and --pg-timeout must be positive")
+    return args
+
+
+def say(message: str) -> None:
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"[train] {message}", flush=True)
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def batch(step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(step * 1009 + rank)
+    x = torch.randn(16, 32, generator=gen)
+    y = x.sum(dim=1, keepdim=True) * 0.1
+    return x.to(device), y.to(device)
+
+
+def read_latest(root: Path) -> int | None:
+    """The step of the newest complete checkpoint, or None."""
+    try:
+        step = int(json.loads((root / LATEST).read_text())["step"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+    return step if (root / f"step-{step}" / ".metadata").exists() else None
+
+
+def save_checkpoint(root: Path, step: int, model: nn.Module, optim: torch.optim.Optimizer) -> None:
+    """Rank 0 saves (DDP state is replicated) to a temporary directory, renames it, then
+    replaces `latest`; the other ranks wait at a barrier (bounded by the pg timeout)."""
+    if dist.get_rank() == 0:
+        tmp = root / f".step-{step}.tmp-{uuid.uuid4().hex[:8]}"
+        model_sd, optim_sd = get_state_dict(model, optim)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp), no_dist=True)
+        final = root / f"step-{step}"
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        marker = root / f".{LATEST}.tmp"
+        marker.write_text(json.dumps({"step": step}))
+        os.replace(marker, root / LATEST)
+        _prune(root, keep=step)
+    dist.barrier()
+    say(f"checkpoint step={step}")
+
+
+def _prune(root: Path, keep: int) -> None:
+    steps = sorted(
+        int(p.name.split("-", 1)[1])
+        for p in root.glob("step-*")
+        if p.name.split("-", 1)[1].isdigit()
+    )
+    for old in [s for s in steps if s != keep][: max(0, len(steps) - KEEP_CHECKPOINTS)]:
+        shutil.rmtree(root / f"step-{old}", ignore_errors=True)
+    for tmp in root.glob(".step-*.tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_checkpoint(root: Path, step: int, model: nn.Module, optim: torch.optim.Optimizer) -> None:
+    model_sd, optim_sd = get_state_dict(model, optim)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(root / f"step-{step}"), no_dist=True)
+    set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    root = Path(args.checkpoint_dir)
+    root.mkdir(parents=True, exist_ok=True)
+
+    use_cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    dist.init_process_group(
+        backend="nccl" if use_cuda else "gloo", timeout=timedelta(seconds=args.pg_timeout)
+    )
+    rank, world = dist.get_rank(), dist.get_world_size()
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(
+        Model().to(device), device_ids=[local_rank] if use_cuda else None
+    )
+    optim = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    start = 0
+    # Every rank must agree on the step to resume from (the file may change under us).
+    # Every rank must agree on the step to resume from: rank 0 reads `latest`, broadcasts.
+    latest = read_latest(root) if rank == 0 else None
+    found = torch.tensor([-1 if latest is None else latest], dtype=torch.int64, device=device)
+    dist.broadcast(found, src=0)
+    resumed = int(found.item()) >= 0
+    if resumed:
+        start = int(found.item())
+        load_checkpoint(root, start, model, optim)
+        say(f"resumed step={start}")
+
+    step = start
+    stop = torch.zeros(1, device=device)
+    while step < args.steps:
+        x, y = batch(step + 1, rank, device)
+        optim.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optim.step()
+        step += 1
+        say(f"step={step} world_size={world} restart={restart} loss={loss.item():.4f}")
+        if args.step_seconds > 0:
+            time.sleep(args.step_seconds)
+        stop.fill_(1.0 if _stop_requested else 0.0)
+        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        if stop.item() > 0:
+            save_checkpoint(root, step, model, optim)
+            dist.destroy_process_group()
+            if _stop_requested:
+                say(f"sigterm step={step}")
+                return 0
+            return EXIT_PEER_LEAVING
+        if step % args.checkpoint_every == 0 and step < args.steps:
+            save_checkpoint(root, step, model, optim)
+
+    if not resumed or start < args.steps:
+        save_checkpoint(root, step, model, optim)
+    say(f"done step={step}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

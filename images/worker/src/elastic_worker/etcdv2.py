@@ -1,0 +1,147 @@
+"""A minimal etcd v2 keys client for the project's own keys (stdlib HTTP, bounded waits).
+
+torch's etcd-v2 rendezvous talks to etcd through python-etcd; the entrypoint only
+needs get/set/delete/list with a short timeout on every call, so it speaks the v2
+HTTP API directly and can tell "no v2 API" (a plain-text 404, etcd 3.6 or
+--enable-v2=false) from "key not found" (a JSON 404, errorCode 100).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 5.0
+_KEY_NOT_FOUND = 100
+_NODE_EXISTS = 105
+
+
+class EtcdError(Exception):
+    """etcd answered with an error or could not be reached."""
+
+
+class Unavailable(EtcdError):
+    """No answer (connection refused, timeout, DNS) or a server error."""
+
+
+class NoV2Api(EtcdError):
+    """The server answers HTTP but has no v2 keys API (etcd 3.6+, --enable-v2=false)."""
+
+
+class KeyNotFound(EtcdError):
+    pass
+
+
+class NodeExists(EtcdError):
+    pass
+
+
+@dataclass(frozen=True)
+class Node:
+    key: str
+    value: str | None
+    children: tuple[Node, ...] = ()
+
+
+def _node(data: dict[str, Any]) -> Node:
+    return Node(
+        key=str(data.get("key", "")),
+        value=data.get("value"),
+        children=tuple(_node(child) for child in data.get("nodes", ())),
+    )
+
+
+class Client:
+    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def _request(
+        self,
+        method: str,
+        key: str,
+        query: dict[str, str] | None = None,
+        form: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        url = f"{self.base_url}/v2/keys{urllib.parse.quote(key)}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        body = urllib.parse.urlencode(form).encode() if form is not None else None
+        req = urllib.request.Request(url, data=body, method=method)
+        if body is not None:
+            req.add_header("Content-Type", "application/x-www-form-urlencoded")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return dict(json.loads(resp.read() or b"{}"))
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                data = json.loads(raw)
+            except ValueError:
+                data = None
+            if not isinstance(data, dict) or "errorCode" not in data:
+                if exc.code in (404, 405):
+                    raise NoV2Api(f"{self.base_url} has no etcd v2 API (HTTP {exc.code})") from None
+                raise Unavailable(f"{self.base_url}: HTTP {exc.code}") from None
+            code = int(data["errorCode"])
+            message = f"{data.get('message', '')} ({data.get('cause', key)})"
+            if code == _KEY_NOT_FOUND:
+                raise KeyNotFound(message) from None
+            if code == _NODE_EXISTS:
+                raise NodeExists(message) from None
+            raise EtcdError(f"etcd error {code}: {message}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise Unavailable(f"{self.base_url}: {reason}") from None
+
+    def get(self, key: str, *, recursive: bool = False) -> Node:
+        query = {"recursive": "true"} if recursive else None
+        return _node(self._request("GET", key, query)["node"])
+
+    def get_value(self, key: str) -> str | None:
+        """The key's value, or None when it does not exist."""
+        try:
+            return self.get(key).value
+        except KeyNotFound:
+            return None
+
+    def set(
+        self, key: str, value: str, *, ttl: int | None = None, prev_exist: bool | None = None
+    ) -> Node:
+        form = {"value": value}
+        if ttl is not None:
+            form["ttl"] = str(ttl)
+        query = None if prev_exist is None else {"prevExist": str(prev_exist).lower()}
+        return _node(self._request("PUT", key, query, form)["node"])
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(KeyNotFound):
+            self._request("DELETE", key)
+
+    def list_dir(self, key: str) -> list[Node]:
+        """The direct children of a directory; empty when it does not exist."""
+        try:
+            return list(self.get(key).children)
+        except KeyNotFound:
+            return []
+
+    def check_v2(self) -> None:
+        """Raise NoV2Api or Unavailable unless the v2 keys API answers."""
+        with contextlib.suppress(KeyNotFound):
+            self._request("GET", "/")
+
+    def server_version(self) -> str:
+        """etcd's /version, e.g. '3.6.0', or '' when it cannot be read."""
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/version", timeout=self.timeout) as r:
+                return str(json.loads(r.read()).get("etcdserver", ""))
+        except (urllib.error.URLError, OSError, ValueError):
+            return ""

@@ -1,0 +1,183 @@
+"""The readiness gate: bounded waits, with a progress line naming what is still missing.
+
+Each check returns (done, detail) or raises Fatal. Checks run in order every poll; the
+first one not yet done stops the round (later ones depend on it). A progress line
+is logged every `progress_every` seconds; after `timeout` seconds GateTimeout names
+what was still missing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from elastic_worker import etcdv2, netif
+from elastic_worker.config import Config
+
+logger = logging.getLogger(__name__)
+
+MEMBER_TTL = 30
+PROGRESS_EVERY = 5.0
+POLL_EVERY = 0.5
+
+
+class Fatal(Exception):
+    """Waiting cannot help (e.g. the endpoint has no v2 API)."""
+
+
+class GateTimeout(Exception):
+    """The gate's time ran out; the message names what was missing."""
+
+
+class Interrupted(Exception):
+    """A signal asked us to stop while waiting."""
+
+
+CheckResult = tuple[bool, str]
+
+
+@dataclass
+class Check:
+    name: str
+    probe: Callable[[], CheckResult]
+
+
+def wait(
+    checks: Sequence[Check],
+    timeout: float,
+    *,
+    progress_every: float = PROGRESS_EVERY,
+    poll_every: float = POLL_EVERY,
+    stop: threading.Event | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Poll the checks until all pass; raise GateTimeout after `timeout` seconds."""
+    stop = stop or threading.Event()
+    start = clock()
+    next_progress = start + progress_every
+    done: set[str] = set()
+    while True:
+        pending: list[str] = []
+        for index, check in enumerate(checks):
+            if check.name in done:
+                continue
+            ok, detail = check.probe()
+            if ok:
+                done.add(check.name)
+                continue
+            pending.append(f"{check.name} ({detail})" if detail else check.name)
+            pending += [c.name for c in checks[index + 1 :] if c.name not in done]
+            break
+        if not pending:
+            return
+        now = clock()
+        if now - start >= timeout:
+            raise GateTimeout(
+                f"readiness gate timed out after {timeout:g} s waiting for: {'; '.join(pending)}"
+            )
+        if now >= next_progress:
+            logger.info(
+                "waiting %.0f s of %g s for: %s", now - start, timeout, "; then ".join(pending)
+            )
+            next_progress = now + progress_every
+        if stop.wait(min(poll_every, max(0.0, timeout - (now - start)))):
+            raise Interrupted("interrupted while waiting in the readiness gate")
+
+
+class Resolver:
+    """Resolves the endpoint's host name; remembers the address for the interface choice."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.address: str | None = None
+
+    def __call__(self) -> CheckResult:
+        try:
+            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as exc:
+            return False, str(getattr(exc, "strerror", None) or exc)
+        infos.sort(key=lambda info: info[0] != socket.AF_INET)
+        self.address = str(infos[0][4][0])
+        return True, ""
+
+
+def etcd_v2_probe(client: etcdv2.Client) -> Callable[[], CheckResult]:
+    def probe() -> CheckResult:
+        try:
+            client.check_v2()
+        except etcdv2.NoV2Api:
+            version = client.server_version()
+            what = f"etcd {version}" if version else "the server"
+            raise Fatal(
+                f"rendezvous endpoint {client.base_url} has no etcd v2 API ({what} answers "
+                "404 on /v2/keys): torch's etcd-v2 rendezvous needs etcd 3.5 with "
+                "--enable-v2=true (etcd 3.6 removed the v2 API)"
+            ) from None
+        except etcdv2.EtcdError as exc:
+            return False, str(exc)
+        return True, ""
+
+    return probe
+
+
+def mesh_probe(globs: Sequence[str]) -> Callable[[], CheckResult]:
+    def probe() -> CheckResult:
+        if netif.mesh_interface(netif.interfaces(), globs) is not None:
+            return True, ""
+        return False, f"no up interface matches {','.join(globs)}"
+
+    return probe
+
+
+class Registration:
+    """This pod's entry under <prefix>/members/ with a TTL, refreshed until stopped."""
+
+    def __init__(self, client: etcdv2.Client, config: Config, address: str) -> None:
+        self.client = client
+        self.key = f"{config.key_prefix}/members/{config.pod_name}"
+        self.dir = f"{config.key_prefix}/members"
+        self.value = json.dumps({"pod": config.pod_name, "ip": address})
+        self.min_nodes = config.min_nodes
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def register(self) -> None:
+        self.client.set(self.key, self.value, ttl=MEMBER_TTL)
+
+    def count(self) -> int:
+        return len(self.client.list_dir(self.dir))
+
+    def probe(self) -> CheckResult:
+        try:
+            self.register()
+            count = self.count()
+        except etcdv2.EtcdError as exc:
+            return False, str(exc)
+        if count >= self.min_nodes:
+            return True, ""
+        return False, f"{count} of {self.min_nodes} registered"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._refresh, name="member-ttl", daemon=True)
+        self._thread.start()
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(MEMBER_TTL / 3):
+            try:
+                self.register()
+            except etcdv2.EtcdError as exc:
+                logger.warning("could not refresh %s: %s", self.key, exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self.client.delete(self.key)
+        except etcdv2.EtcdError as exc:
+            logger.info("could not remove %s (it expires in %d s): %s", self.key, MEMBER_TTL, exc)

@@ -1,0 +1,256 @@
+"""Build torchrun's command line and environment (pure functions), then supervise it.
+
+Why a thin parent instead of exec: after torchrun exits 0 someone must mark the job
+complete, and while torchrun runs someone must notice that the job completed elsewhere
+(a spare waiting in the rendezvous, or an agent left behind). torchrun offers no hook
+for either, so elastic-worker stays as PID 1, starts torchrun in its own session
+(a terminal's Ctrl-C then reaches it once, through us), forwards SIGTERM, SIGINT,
+SIGHUP and SIGQUIT to it, and exits with its code. torchrun itself forwards the signal
+to the training processes and waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT for them, which is
+set below the pod's grace period so the whole tree ends before the kubelet's SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+from elastic_worker import completion, etcdv2
+from elastic_worker.config import Config
+from elastic_worker.netif import Choice
+
+logger = logging.getLogger(__name__)
+
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+COMPLETION_POLL = 2.0  # seconds between checks of the marker while torchrun runs
+COMPLETION_GRACE = 15.0  # torchrun's time to end by itself once the job is complete
+COMPLETION_WAIT = 15.0  # after a failed torchrun: how long to wait for the marker
+
+
+def shutdown_timeout(grace_period: int) -> int:
+    """Seconds torchrun gives its workers after SIGTERM: the pod's grace period minus a
+    margin (2-10 s) for torchrun and this process to exit before the kubelet's SIGKILL."""
+    margin = min(10, max(2, grace_period // 6))
+    return max(1, grace_period - margin)
+
+
+def command_args(command: Sequence[str]) -> list[str]:
+    """The user's command as torchrun's trailing arguments.
+
+    `python script.py a` -> `script.py a`; `python -m pkg a` -> `--module pkg a`;
+    `script.py a` -> `script.py a`; anything else (a binary, `python -u x.py`)
+    -> `--no-python cmd...`.
+    """
+    cmd = list(command)
+    if not cmd:
+        raise ValueError("empty command")
+    if _PYTHON.fullmatch(os.path.basename(cmd[0])):
+        rest = cmd[1:]
+        if len(rest) >= 2 and rest[0] == "-m":
+            return ["--module", *rest[1:]]
+        if rest and not rest[0].startswith("-"):
+            return rest
+        return ["--no-python", *cmd]
+    if cmd[0].endswith(".py"):
+        return cmd
+    return ["--no-python", *cmd]
+
+
+def rdzv_conf_arg(pairs: Sequence[tuple[str, str]]) -> str:
+    return ",".join(f"{key}={value}" for key, value in pairs)
+
+
+def local_address(config: Config, choice: Choice | None, mesh: bool) -> str | None:
+    """What the other nodes use to reach this one (rank 0's store, MASTER_ADDR).
+
+    ELASTIC_LOCAL_ADDR, else the mesh interface's address when the mesh was chosen,
+    else POD_IP, else the chosen interface's address; None lets torchrun use the FQDN.
+    """
+    if config.local_addr:
+        return config.local_addr
+    if mesh and choice is not None and choice.address:
+        return choice.address
+    if config.pod_ip:
+        return config.pod_ip
+    return choice.address if choice is not None and choice.address else None
+
+
+def build_argv(config: Config, local_addr: str | None, python: str = sys.executable) -> list[str]:
+    argv = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--rdzv-backend=etcd-v2",
+        f"--rdzv-endpoint={config.endpoint}",
+        f"--rdzv-id={config.job_id}",
+        f"--nnodes={config.min_nodes}:{config.max_nodes}",
+        f"--nproc-per-node={config.nproc_per_node}",
+        f"--max-restarts={config.max_restarts}",
+        f"--monitor-interval={config.monitor_interval:g}",
+    ]
+    if config.rdzv_conf:
+        argv.append(f"--rdzv-conf={rdzv_conf_arg(config.rdzv_conf)}")
+    if local_addr:
+        argv.append(f"--local-addr={local_addr}")
+    return argv + command_args(config.command)
+
+
+def build_env(
+    config: Config, choice: Choice | None, base: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """torchrun's environment and the subset this function added (for the log)."""
+    added: dict[str, str] = {}
+
+    def default(name: str, value: str) -> None:
+        if not base.get(name):
+            added[name] = value
+
+    if choice is not None:
+        default("NCCL_SOCKET_IFNAME", choice.nccl)
+        default("GLOO_SOCKET_IFNAME", choice.gloo)
+    default("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(shutdown_timeout(config.grace_period)))
+    # Recovery (docs/recovery.md): with the agent's shared TCPStore, restarted workers
+    # read the previous attempt's gloo addresses (connection refused) and a survivor
+    # keeps the dead rank 0's store address (init_process_group hangs). Off: each
+    # round's rank 0 worker hosts a fresh store on a port published for that round.
+    default("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    default("PYTHONUNBUFFERED", "1")
+    env = dict(base)
+    env.update(added)
+    return env, added
+
+
+def exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Supervisor:
+    """Runs torchrun, forwards signals, watches the completion marker."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        config: Config,
+        client: etcdv2.Client,
+        *,
+        completion_poll: float = COMPLETION_POLL,
+        completion_grace: float = COMPLETION_GRACE,
+        completion_wait: float = COMPLETION_WAIT,
+    ) -> None:
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.config = config
+        self.client = client
+        self.completion_poll = completion_poll
+        self.completion_grace = completion_grace
+        self.completion_wait = completion_wait
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.signalled: int | None = None
+        self._lock = threading.Lock()
+
+    def forward(self, signum: int) -> None:
+        """Called from the signal handler: pass the signal on to torchrun."""
+        with self._lock:
+            self.signalled = signum
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
+            logger.info("forwarding %s to torchrun (pid %d)", signal.Signals(signum).name, proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signum)
+
+    def _stop_torchrun(self) -> None:
+        assert self.proc is not None
+        wait = shutdown_timeout(self.config.grace_period) + 5
+        logger.info("job is complete: stopping torchrun (pid %d)", self.proc.pid)
+        try:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(wait)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            logger.warning("torchrun did not stop within %d s: killing it", wait)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def run(self) -> int:
+        with self._lock:
+            self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
+            pending = self.signalled
+        if pending is not None:
+            self.forward(pending)
+        proc = self.proc
+        complete_since: float | None = None
+        next_check = time.monotonic() + self.completion_poll
+        while True:
+            try:
+                returncode = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if complete_since is None and now >= next_check and self.signalled is None:
+                next_check = now + self.completion_poll
+                try:
+                    if completion.is_complete(self.client, self.config):
+                        complete_since = now
+                        logger.info(
+                            "job %s completed elsewhere; torchrun has %g s to end",
+                            self.config.job_id,
+                            self.completion_grace,
+                        )
+                except etcdv2.EtcdError as exc:
+                    logger.debug("completion check failed: %s", exc)
+            if complete_since is not None and now - complete_since >= self.completion_grace:
+                self._stop_torchrun()
+                return 0
+        return self._after_exit(returncode, complete_since is not None)
+
+    def _after_exit(self, returncode: int, seen_complete: bool) -> int:
+        if returncode == 0:
+            self._mark_complete()
+            return 0
+        code = exit_code(returncode)
+        if self.signalled is not None:
+            logger.info(
+                "torchrun exited with %d after %s", code, signal.Signals(self.signalled).name
+            )
+            return code
+        if seen_complete or completion.wait_complete(
+            self.client, self.config, self.completion_wait
+        ):
+            logger.info(
+                "torchrun exited with %d but job %s is complete: exit 0", code, self.config.job_id
+            )
+            return 0
+        logger.error("torchrun exited with %d", code)
+        return code
+
+    def _mark_complete(self) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                completion.mark_complete(self.client, self.config)
+                break
+            except etcdv2.EtcdError as exc:
+                if time.monotonic() >= deadline:
+                    logger.error("training succeeded but the marker could not be set: %s", exc)
+                    return
+                time.sleep(1)
+        if self.config.scale_down and self.config.statefulsets:
+            api = completion.KubeApi.in_cluster(dict(os.environ))
+            if api is None:
+                logger.warning("ELASTIC_SCALE_DOWN is true but no in-cluster API access")
+            elif not self.config.pod_namespace:
+                logger.warning("ELASTIC_SCALE_DOWN is true but POD_NAMESPACE is not set")
+            else:
+                completion.scale_to_zero(api, self.config.pod_namespace, self.config.statefulsets)

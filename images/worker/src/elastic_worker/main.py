@@ -1,0 +1,130 @@
+"""elastic-worker: gate on readiness, pick the NCCL/gloo interface, run torchrun elastic.
+
+    elastic-worker python /workspace/train.py --epochs 3
+
+Settings come from the environment the chart sets and /etc/inject/env
+(docs/contracts.md). Exit codes: 0 success or job already complete; 2 bad setting;
+3 readiness gate timed out; 4 endpoint has no etcd v2 API; otherwise torchrun's code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from types import FrameType
+
+from elastic_worker import completion, config, etcdv2, gate, launch, netif
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_GATE_TIMEOUT = 3
+EXIT_NO_V2 = 4
+
+
+def setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("elastic-worker: %(message)s"))
+    root = logging.getLogger("elastic_worker")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if os.environ.get("ELASTIC_DEBUG") == "true" else logging.INFO)
+    root.propagate = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    setup_logging()
+    args = list(sys.argv[1:] if argv is None else argv)
+    stop = threading.Event()
+    supervisor: launch.Supervisor | None = None
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        if supervisor is not None:
+            supervisor.forward(signum)
+
+    for sig in launch.FORWARDED_SIGNALS:
+        signal.signal(sig, on_signal)
+
+    try:
+        cfg = config.load(args)
+    except config.ConfigError as exc:
+        logger.error("%s", exc)
+        return EXIT_CONFIG
+
+    client = etcdv2.Client(cfg.endpoint.url)
+    resolver = gate.Resolver(cfg.endpoint.host, cfg.endpoint.port)
+    deadline = time.monotonic() + cfg.gate_timeout
+    registration: gate.Registration | None = None
+    try:
+        gate.wait(
+            [
+                gate.Check(f"DNS name {cfg.endpoint.host}", resolver),
+                gate.Check(f"etcd v2 API at {cfg.endpoint}", gate.etcd_v2_probe(client)),
+            ],
+            cfg.gate_timeout,
+            stop=stop,
+        )
+        if completion.is_complete(client, cfg):
+            logger.info(
+                "job %s is already complete (%s): exiting 0 without joining",
+                cfg.job_id,
+                completion.complete_key(cfg),
+            )
+            return EXIT_OK
+
+        choice, reason = netif.choose(cfg.mesh_interfaces, resolver.address, cfg.endpoint.port)
+        mesh = choice is not None and cfg.matches_mesh(choice.name)
+        if choice is None:
+            logger.info("leaving NCCL/GLOO_SOCKET_IFNAME unset: %s", reason)
+        elif cfg.nccl_socket_ifname and cfg.gloo_socket_ifname:
+            logger.info("NCCL/GLOO_SOCKET_IFNAME set by the user; would have chosen %s", reason)
+        else:
+            logger.info("interface %s: %s", choice.name, reason)
+        local_addr = launch.local_address(cfg, choice, mesh)
+
+        later: list[gate.Check] = []
+        if cfg.mesh_required:
+            later.append(gate.Check("mesh interface", gate.mesh_probe(cfg.mesh_interfaces)))
+        if cfg.gate_peers:
+            registration = gate.Registration(client, cfg, local_addr or cfg.pod_ip or "")
+            later.append(gate.Check(f"{cfg.min_nodes} peers", registration.probe))
+        if later:
+            gate.wait(later, max(0.0, deadline - time.monotonic()), stop=stop)
+    except gate.Fatal as exc:
+        logger.error("%s", exc)
+        return EXIT_NO_V2
+    except gate.GateTimeout as exc:
+        logger.error("%s", exc)
+        return EXIT_GATE_TIMEOUT
+    except gate.Interrupted as exc:
+        logger.info("%s", exc)
+        return 128 + signal.SIGTERM
+    except etcdv2.EtcdError as exc:
+        logger.error("etcd at %s failed after the gate: %s", cfg.endpoint, exc)
+        return EXIT_GATE_TIMEOUT
+
+    env, added = launch.build_env(cfg, choice, os.environ)
+    torchrun = launch.build_argv(cfg, local_addr)
+    logger.info("environment: %s", " ".join(f"{k}={v}" for k, v in sorted(added.items())))
+    logger.info("starting: %s", shlex.join(torchrun))
+    supervisor = launch.Supervisor(torchrun, env, cfg, client)
+    if stop.is_set():
+        return 128 + signal.SIGTERM
+    if registration is not None:
+        registration.start()
+    try:
+        return supervisor.run()
+    finally:
+        if registration is not None:
+            registration.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
