@@ -470,7 +470,8 @@ class Cluster:
         assert pod.dir is not None
         if vol.kind == "emptyDir":
             if vol.medium == "Memory":
-                return Path(), vol.size_limit or "1g"
+                size = podspec.quantity(vol.size_limit) if vol.size_limit else 2**30
+                return Path(), str(int(size))
             d = pod.dir / "volumes" / vol.name
         elif vol.kind == "pvc":
             d = self.cfg.workdir / "pvc" / vol.claim

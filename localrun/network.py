@@ -97,8 +97,7 @@ def hosts_file(own: PodRecord, table: Mapping[str, list[str]], domain: str) -> s
         "::1\tlocalhost ip6-localhost ip6-loopback",
     ]
     own_names = [*pod_names(own, domain), own.name]
-    lines.append(f"{own.ip}\t{' '.join(dict.fromkeys(own_names))}")
-    by_ip: dict[str, list[str]] = {}
+    by_ip: dict[str, list[str]] = {own.ip: own_names}
     for name, ips in sorted(table.items()):
         if name in own_names:
             continue

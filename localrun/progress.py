@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-_TRAIN = re.compile(r"\[train\]\s+(step|resumed|checkpoint|sigterm|done)\b(.*)$")
+_TRAIN = re.compile(r"\[train\]\s+(?:(resumed|checkpoint|sigterm|done)\s+)?(step=.*)$")
 _KV = re.compile(r"(\w+)=(\S+)")
 
 
@@ -31,6 +31,7 @@ def parse_train_line(line: str) -> TrainEvent | None:
     if not m:
         return None
     kv = dict(_KV.findall(m.group(2)))
+    kind = m.group(1) or "step"
     try:
         step = int(kv["step"])
         world = int(kv["world_size"]) if "world_size" in kv else None
@@ -38,7 +39,7 @@ def parse_train_line(line: str) -> TrainEvent | None:
         loss = float(kv["loss"]) if "loss" in kv else None
     except (KeyError, ValueError):
         return None
-    return TrainEvent(m.group(1), step, world, restart, loss)
+    return TrainEvent(kind, step, world, restart, loss)
 
 
 @dataclass

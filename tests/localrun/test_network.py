@@ -1,0 +1,72 @@
+"""DNS names and hosts files of the pods, and the choice of a free subnet."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from localrun.network import (
+    RANGE,
+    PodRecord,
+    ServiceRecord,
+    dns_table,
+    hosts_file,
+    pick_subnet,
+    resolv_conf,
+)
+
+D = "cluster.local"
+W0 = PodRecord("demo-w-0", "default", "198.18.5.11", "demo-workers")
+W1 = PodRecord("demo-w-1", "default", "198.18.5.12", "demo-workers")
+ETCD = PodRecord("demo-etcd-0", "default", "198.18.5.10", "demo-etcd-headless")
+SERVICES = [
+    ServiceRecord("demo-workers", "default", True, ("demo-w-0", "demo-w-1")),
+    ServiceRecord("demo-etcd", "default", False, ("demo-etcd-0",)),
+    ServiceRecord("demo-etcd-headless", "default", True, ("demo-etcd-0",)),
+    ServiceRecord("demo-nothing", "default", False, ()),
+]
+
+
+def test_table_has_pod_and_service_names_in_every_form() -> None:
+    t = dns_table([W0, W1, ETCD], SERVICES, D)
+    assert t["demo-w-1.demo-workers.default.svc.cluster.local"] == ["198.18.5.12"]
+    assert t["demo-w-1.demo-workers"] == ["198.18.5.12"]
+    assert t["demo-etcd.default.svc.cluster.local"] == ["198.18.5.10"]
+    assert t["demo-etcd.default.svc"] == ["198.18.5.10"]
+    assert t["demo-etcd.default"] == ["198.18.5.10"]
+    assert t["demo-etcd"] == ["198.18.5.10"]
+    assert t["demo-workers.default.svc.cluster.local"] == ["198.18.5.11", "198.18.5.12"]
+    assert not any(n.startswith("demo-nothing") for n in t)
+    assert "demo-w-0" not in t  # a peer's bare hostname is not a cluster DNS name
+
+
+def test_hosts_file_lists_own_name_first_and_every_peer() -> None:
+    t = dns_table([W0, W1, ETCD], SERVICES, D)
+    text = hosts_file(W0, t, D)
+    lines = text.splitlines()
+    assert "127.0.0.1\tlocalhost" in lines
+    own = next(ln for ln in lines if ln.startswith("198.18.5.11\t"))
+    assert own.split("\t")[1].split()[0] == "demo-w-0.demo-workers.default.svc.cluster.local"
+    assert "demo-w-0" in own.split()[1:]
+    peer = next(ln for ln in lines if ln.startswith("198.18.5.12\t"))
+    assert "demo-w-1.demo-workers.default.svc.cluster.local" in peer.split()
+    etcd = next(ln for ln in lines if ln.startswith("198.18.5.10\t"))
+    assert "demo-etcd.default.svc.cluster.local" in etcd.split()
+    # every address appears on one line only, so lookups are unambiguous
+    addrs = [ln.split("\t")[0] for ln in lines if not ln.startswith("#")]
+    assert len(addrs) == len(set(addrs))
+
+
+def test_resolv_conf_searches_the_namespace_and_fails_fast() -> None:
+    text = resolv_conf("team-a", D)
+    assert "search team-a.svc.cluster.local svc.cluster.local cluster.local" in text
+    assert "nameserver 127.0.0.1" in text
+
+
+def test_pick_subnet_stays_in_the_benchmark_range_and_avoids_used_ones() -> None:
+    first = pick_subnet([], 0)
+    assert first == ipaddress.ip_network("198.18.0.0/24")
+    used = [ipaddress.ip_network("198.18.0.0/16"), ipaddress.ip_network("198.19.0.0/24")]
+    got = pick_subnet(used, 0)
+    assert got.subnet_of(RANGE)  # type: ignore[arg-type]
+    assert not any(got.overlaps(u) for u in used)
+    assert got == ipaddress.ip_network("198.19.1.0/24")
