@@ -37,6 +37,7 @@ class NodeUnavailable(Exception):
     """The Node could not be read: `cause` says why, `fix` what to change."""
 
     def __init__(self, cause: str, fix: str) -> None:
+        cause, fix = _one_line(cause), _one_line(fix)
         super().__init__(f"{cause} -- {fix}")
         self.cause = cause
         self.fix = fix
@@ -125,13 +126,12 @@ def _attempt(api: Any, config: Config, timeout: tuple[float, float]) -> NodeObje
         response = api.read_node(config.node_name, _preload_content=False, _request_timeout=timeout)
         body = response.data
     except ApiException as exc:
+        if not exc.status and str(exc.reason).startswith("SSLError"):
+            # The client turns urllib3's SSLError into ApiException(status=0, "SSLError\n...").
+            return _tls_failure(server, str(exc.reason).removeprefix("SSLError"))
         return _status_failure(exc.status or 0, exc.reason or "", exc.body, config)
     except u3.SSLError as exc:
-        return _Failure(
-            False,
-            f"TLS verification of the API server {server} failed: {_reason(exc)}",
-            "the service account's ca.crt must be the cluster CA that signed the API server",
-        )
+        return _tls_failure(server, _reason(exc))
     except u3.NewConnectionError as exc:
         return _Failure(
             True,
@@ -161,6 +161,14 @@ def _attempt(api: Any, config: Config, timeout: tuple[float, float]) -> NodeObje
             "check that KUBERNETES_SERVICE_HOST/PORT point at the API server",
         )
     return node
+
+
+def _tls_failure(server: str, reason: str) -> _Failure:
+    return _Failure(
+        False,
+        f"TLS verification of the API server {server} failed: {_one_line(reason)}",
+        "the service account's ca.crt must be the cluster CA that signed the API server",
+    )
 
 
 def _status_failure(status: int, reason: str, body: Any, config: Config) -> _Failure:
@@ -209,6 +217,10 @@ def _status_message(body: Any) -> str:
     if isinstance(status, dict) and isinstance(status.get("message"), str):
         return str(status["message"])
     return str(body).strip().splitlines()[0][:200] if str(body).strip() else ""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _reason(exc: BaseException) -> str:

@@ -1,0 +1,254 @@
+"""The console script against a real HTTPS server: the official client, in-cluster config,
+the bearer token, CA verification, retries and every failure the issue names."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from test_topology_mapping import EXPECTED
+from topology_helpers import Run, read_env_file
+
+from localrun.apiserver import FakeApiServer, load_nodes
+
+RunInit = Callable[..., Run]
+NODE = "cpu-node-01"
+DEGRADED = {
+    "NODE_NAME": NODE,
+    "NODE_CAPACITY_TYPE": "unknown",
+    "NODE_FABRIC": "unknown",
+    "NODE_TOPOLOGY_SOURCE": "downward-api",
+}
+
+
+def assert_clean(run: Run) -> None:
+    """Expected outcomes never print a traceback or write to stdout."""
+    assert "Traceback" not in run.stderr
+    assert run.stdout == ""
+
+
+def warning(run: Run) -> str:
+    lines = [line for line in run.lines if ": warning: " in line or ": error: " in line]
+    assert len(lines) == 1, run.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED))
+def test_each_fixture_over_https_gives_its_expected_file(
+    stem: str, run_init: RunInit, api: FakeApiServer
+) -> None:
+    name = next(iter(load_nodes([stem])))
+    run = run_init(name)
+    assert_clean(run)
+    assert run.returncode == 0, run.stderr
+    assert read_env_file(run.output) == EXPECTED[stem]
+    assert run.lines == [line for line in run.lines if ": info: " in line]
+    [request] = api.requests
+    assert (request.method, request.path, request.status) == ("GET", f"/api/v1/nodes/{name}", 200)
+    # The token from the service-account dir, sent by the client as the kubelet's loader does.
+    assert request.authorization == f"bearer {api.token}"
+
+
+def test_chart_label_map_and_user_env_reach_the_file(run_init: RunInit) -> None:
+    run = run_init(
+        "dgx-a100-r07-n03",
+        TOPOLOGY_LABEL_MAP='{"NODE_FABRIC": ["platform.example.com/fabric"], '
+        '"NODE_RACK": ["nope.example.com/rack", "platform.example.com/rack"]}',
+        TOPOLOGY_USER_ENV="NCCL_IB_DISABLE,MY_VAR",
+    )
+    assert_clean(run)
+    got = read_env_file(run.output)
+    assert got["NODE_FABRIC"] == "roce" and got["NODE_RACK"] == "r07"
+    assert "NCCL_IB_DISABLE" not in got
+
+
+def test_403_degrades_with_one_line_naming_cause_and_fix(
+    run_init: RunInit, api: FakeApiServer
+) -> None:
+    api.set_fault(r"^/api/v1/nodes/", 403)
+    run = run_init(NODE)
+    assert_clean(run)
+    assert run.returncode == 0
+    line = warning(run)
+    assert line.startswith(f'init-topology: warning: cannot read Node "{NODE}": 403 Forbidden: ')
+    assert f'User "{api.user}" cannot get resource "nodes"' in line
+    assert "rbac.nodeReader.enabled=true" in line
+    assert read_env_file(run.output) == DEGRADED
+    assert len(api.requests) == 1  # permanent: not retried
+
+
+def test_403_in_strict_mode_fails_with_the_same_line_and_writes_nothing(
+    run_init: RunInit, api: FakeApiServer
+) -> None:
+    api.set_fault(r"^/api/v1/nodes/", 403)
+    degraded = warning(run_init(NODE))
+    run = run_init(NODE, TOPOLOGY_STRICT="true")
+    assert_clean(run)
+    assert run.returncode == 3
+    line = warning(run)
+    assert line.startswith("init-topology: error: ")
+    assert line.split(": ", 2)[2].split(" -- ")[0] == degraded.split(": ", 2)[2].split(" -- ")[0]
+    assert "TOPOLOGY_STRICT" in line
+
+
+def test_strict_mode_writes_no_file(run_init: RunInit, api: FakeApiServer) -> None:
+    api.set_fault(r"^/api/v1/nodes/", 403)
+    run = run_init(NODE, TOPOLOGY_STRICT="true")
+    assert run.returncode == 3
+    assert not run.output.exists()
+
+
+def test_404_names_node_name_as_the_fix(run_init: RunInit, api: FakeApiServer) -> None:
+    run = run_init("no-such-node")
+    assert_clean(run)
+    assert run.returncode == 0
+    line = warning(run)
+    assert 'nodes "no-such-node" not found' in line and "spec.nodeName" in line
+    assert read_env_file(run.output)["NODE_NAME"] == "no-such-node"
+    assert len(api.requests) == 1
+
+
+def test_500_is_retried_and_a_recovery_is_success(run_init: RunInit, api: FakeApiServer) -> None:
+    api.set_fault(r"^/api/v1/nodes/", 500, times=2)
+    run = run_init(NODE)
+    assert_clean(run)
+    assert run.returncode == 0 and run.lines[-1].startswith("init-topology: info: ")
+    assert [r.status for r in api.requests] == [500, 500, 200]
+    assert read_env_file(run.output) == EXPECTED["cpu-bare"]
+
+
+def test_429_is_retried(run_init: RunInit, api: FakeApiServer) -> None:
+    api.set_fault(r"^/api/v1/nodes/", 429, times=1)
+    run = run_init(NODE)
+    assert run.returncode == 0
+    assert [r.status for r in api.requests] == [429, 200]
+
+
+def test_persistent_500_degrades_within_the_budget(run_init: RunInit, api: FakeApiServer) -> None:
+    api.set_fault(".*", 500)
+    run = run_init(NODE, TOPOLOGY_TIMEOUT_SECONDS="1.5")
+    assert_clean(run)
+    assert run.returncode == 0
+    line = warning(run)
+    assert "500 Internal Server Error: Internal error occurred: etcdserver" in line
+    assert "attempts in" in line
+    assert len(api.requests) >= 2
+    assert read_env_file(run.output) == DEGRADED
+    strict = run_init(NODE, TOPOLOGY_TIMEOUT_SECONDS="1", TOPOLOGY_STRICT="true")
+    assert strict.returncode == 3
+
+
+def test_a_hanging_api_server_is_bounded_by_the_timeout(
+    run_init: RunInit, api: FakeApiServer
+) -> None:
+    api.set_fault(".*", "hang")
+    run = run_init(NODE, TOPOLOGY_TIMEOUT_SECONDS="1.5")
+    assert_clean(run)
+    assert run.returncode == 0
+    line = warning(run)
+    assert "no answer from the API server" in line and "timeoutSeconds" in line
+    assert read_env_file(run.output) == DEGRADED
+    assert run_init(NODE, TOPOLOGY_TIMEOUT_SECONDS="1", TOPOLOGY_STRICT="true").returncode == 3
+
+
+def test_connection_refused(run_init: RunInit) -> None:
+    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    run = run_init(NODE, KUBERNETES_SERVICE_PORT=str(port), TOPOLOGY_TIMEOUT_SECONDS="1")
+    assert_clean(run)
+    assert run.returncode == 0
+    line = warning(run)
+    assert f"cannot connect to the API server 127.0.0.1:{port}: connection refused" in line
+    assert read_env_file(run.output) == DEGRADED
+
+
+def test_a_rejected_token_is_401_and_not_retried(
+    run_init: RunInit, api: FakeApiServer, tmp_path: Path
+) -> None:
+    sa = tmp_path / "other-sa"
+    shutil.copytree(api.serviceaccount_dir, sa)
+    (sa / "token").write_text("not-the-token")
+    run = run_init(NODE, TOPOLOGY_SERVICEACCOUNT_DIR=str(sa))
+    assert_clean(run)
+    assert run.returncode == 0
+    assert "401 Unauthorized" in warning(run)
+    assert [r.status for r in api.requests] == [401]
+
+
+def test_a_ca_that_did_not_sign_the_server_fails_tls_once(
+    run_init: RunInit, api: FakeApiServer, tmp_path: Path
+) -> None:
+    with FakeApiServer({}, workdir=tmp_path / "other") as other:
+        sa = tmp_path / "other-ca"
+        shutil.copytree(api.serviceaccount_dir, sa)
+        shutil.copyfile(other.ca_path, sa / "ca.crt")
+    run = run_init(NODE, TOPOLOGY_SERVICEACCOUNT_DIR=str(sa))
+    assert_clean(run)
+    assert run.returncode == 0
+    assert "TLS verification of the API server" in warning(run)
+    assert api.requests == []
+
+
+def test_outside_a_pod_it_degrades(run_init: RunInit) -> None:
+    run = run_init(NODE, KUBERNETES_SERVICE_HOST=None, KUBERNETES_SERVICE_PORT=None)
+    assert_clean(run)
+    assert run.returncode == 0
+    assert "KUBERNETES_SERVICE_HOST" in warning(run)
+
+
+def test_without_a_token_it_degrades_and_says_how_to_mount_one(
+    run_init: RunInit, tmp_path: Path
+) -> None:
+    run = run_init(NODE, TOPOLOGY_SERVICEACCOUNT_DIR=str(tmp_path / "missing"))
+    assert_clean(run)
+    assert run.returncode == 0
+    assert "automountServiceAccountToken" in warning(run)
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        (
+            {"TOPOLOGY_LABEL_MAP": "{not json"},
+            "TOPOLOGY_LABEL_MAP (values: topology.labelMap) is not valid JSON",
+        ),
+        ({"TOPOLOGY_LABEL_MAP": '["NODE_X"]'}, "must be a JSON object"),
+        (
+            {"TOPOLOGY_LABEL_MAP": '{"node-rack": ["a"]}'},
+            "'node-rack' is not a valid variable name",
+        ),
+        ({"TOPOLOGY_LABEL_MAP": '{"PATH": ["a"]}'}, "PATH is reserved"),
+        (
+            {"TOPOLOGY_LABEL_MAP": '{"NODE_RACK": "a"}'},
+            "must map to a non-empty list of label keys",
+        ),
+        ({"TOPOLOGY_LABEL_MAP": '{"NODE_RACK": []}'}, "must map to a non-empty list of label keys"),
+        ({"TOPOLOGY_STRICT": "yes"}, 'TOPOLOGY_STRICT must be "true" or "false"'),
+        ({"TOPOLOGY_TIMEOUT_SECONDS": "soon"}, "TOPOLOGY_TIMEOUT_SECONDS"),
+        ({"TOPOLOGY_TIMEOUT_SECONDS": "0"}, "must be > 0"),
+        ({"TOPOLOGY_TIMEOUT_SECONDS": "nan"}, "must be > 0"),
+        ({"NODE_NAME": ""}, "NODE_NAME is not set"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_line(
+    env: dict[str, str], needle: str, run_init: RunInit, api: FakeApiServer
+) -> None:
+    run = run_init(env.pop("NODE_NAME", NODE), **env)
+    assert_clean(run)
+    assert run.returncode == 2
+    assert len(run.lines) == 1 and run.lines[0].startswith("init-topology: error: ")
+    assert needle in run.lines[0]
+    assert not run.output.exists()
+    assert api.requests == []
+
+
+def test_an_unwritable_output_exits_4_with_one_line(run_init: RunInit, tmp_path: Path) -> None:
+    run = run_init(NODE, TOPOLOGY_OUTPUT=str(tmp_path / "no-such-dir" / "env"))
+    assert_clean(run)
+    assert run.returncode == 4
+    assert len(run.lines) == 1
+    assert "cannot write" in run.lines[-1] and "emptyDir" in run.lines[-1]
