@@ -28,6 +28,7 @@ FIRST_BACKOFF_SECONDS = 0.2
 MAX_BACKOFF_SECONDS = 2.0
 CONNECT_TIMEOUT_SECONDS = 3.0
 READ_TIMEOUT_SECONDS = 5.0
+MIN_ATTEMPT_SECONDS = 0.1
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 NodeObject = dict[str, Any]
@@ -55,17 +56,23 @@ def fetch_node(
     *,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    api_factory: Callable[[Config], Any] | None = None,
 ) -> NodeObject:
-    """GET /api/v1/nodes/{NODE_NAME}; the Node as the API's JSON, or NodeUnavailable."""
+    """GET /api/v1/nodes/{NODE_NAME}; the Node as the API's JSON, or NodeUnavailable.
+
+    `api_factory(config)` returns a CoreV1Api-like object (read_node, api_client.close);
+    by default the official client with in-cluster config.
+    """
     start = clock()
     deadline = start + config.timeout_seconds
-    api = _core_api(config)
+    api = (api_factory or _core_api)(config)
     try:
         attempt = 0
         backoff = FIRST_BACKOFF_SECONDS
         while True:
             attempt += 1
-            remaining = deadline - clock()
+            # Never a timeout <= 0 (urllib3 refuses it): a late wake-up may have eaten the rest.
+            remaining = max(deadline - clock(), MIN_ATTEMPT_SECONDS)
             timeout = (
                 min(remaining, CONNECT_TIMEOUT_SECONDS),
                 min(remaining, READ_TIMEOUT_SECONDS),
@@ -75,7 +82,7 @@ def fetch_node(
                 return failure
             elapsed = clock() - start
             pause = random.uniform(backoff / 2, backoff)
-            if not failure.retry or clock() + pause >= deadline:
+            if not failure.retry or clock() + pause + MIN_ATTEMPT_SECONDS >= deadline:
                 tries = f"{attempt} attempt{'s' if attempt > 1 else ''} in {elapsed:.1f}s"
                 cause = f"{failure.cause} ({tries})" if failure.retry else failure.cause
                 raise NodeUnavailable(cause, failure.fix)
