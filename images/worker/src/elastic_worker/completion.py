@@ -8,7 +8,7 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -71,7 +71,10 @@ class KubeApi:
     ca_file: str | None
 
     @classmethod
-    def in_cluster(cls, env: dict[str, str], sa_dir: Path = SERVICE_ACCOUNT) -> KubeApi | None:
+    def in_cluster(cls, env: Mapping[str, str]) -> KubeApi | None:
+        """From the kubelet's variables and service-account files (the directory can be
+        moved with ELASTIC_SERVICEACCOUNT_DIR, for local runs and tests)."""
+        sa_dir = Path(env.get("ELASTIC_SERVICEACCOUNT_DIR") or SERVICE_ACCOUNT)
         host = env.get("KUBERNETES_SERVICE_HOST", "")
         port = env.get("KUBERNETES_SERVICE_PORT", "443")
         try:

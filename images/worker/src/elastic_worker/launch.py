@@ -247,7 +247,7 @@ class Supervisor:
                     return
                 time.sleep(1)
         if self.config.scale_down and self.config.statefulsets:
-            api = completion.KubeApi.in_cluster(dict(os.environ))
+            api = completion.KubeApi.in_cluster(os.environ)
             if api is None:
                 logger.warning("ELASTIC_SCALE_DOWN is true but no in-cluster API access")
             elif not self.config.pod_namespace:

@@ -1,0 +1,154 @@
+"""The chart's settings become one frozen Config; a bad one is one line and exit 2."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from pathlib import Path
+
+import pytest
+from elastic_worker import config
+from worker_helpers import WORKER
+
+BASE = {
+    "ELASTIC_JOB_ID": "default-run42",
+    "ELASTIC_RDZV_ENDPOINT": "run42-etcd-rendezvous.default.svc.cluster.local:2379",
+    "ELASTIC_MIN_NODES": "2",
+    "ELASTIC_MAX_NODES": "4",
+    "ELASTIC_INJECT_ENV": "/nonexistent/env",
+    "POD_NAME": "run42-worker-0",
+    "POD_NAMESPACE": "default",
+}
+
+
+def load(**overrides: str | None) -> config.Config:
+    env = {**BASE}
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return config.load(["python", "train.py"], env)
+
+
+def test_defaults_fill_everything_the_chart_may_leave_out() -> None:
+    cfg = load()
+    assert cfg.endpoint == config.Endpoint("run42-etcd-rendezvous.default.svc.cluster.local", 2379)
+    assert (cfg.min_nodes, cfg.max_nodes, cfg.nproc_per_node) == (2, 4, "1")
+    assert cfg.max_restarts == config.DEFAULT_MAX_RESTARTS
+    assert cfg.rdzv_conf == config.DEFAULT_RDZV_CONF
+    assert cfg.monitor_interval == config.DEFAULT_MONITOR_INTERVAL
+    assert cfg.mesh_interfaces == ("wg*",)
+    assert cfg.key_prefix == "/elastic-job/default-run42"
+    assert cfg.command == ("python", "train.py")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.job_id = "x"  # type: ignore[misc]
+
+
+def test_every_setting_is_read() -> None:
+    cfg = load(
+        ELASTIC_NPROC_PER_NODE="8",
+        ELASTIC_MAX_RESTARTS="5",
+        ELASTIC_RDZV_CONF="last_call_timeout=5, read_timeout=30",
+        ELASTIC_MONITOR_INTERVAL="1.5",
+        ELASTIC_GATE_TIMEOUT="120",
+        ELASTIC_GATE_PEERS="true",
+        ELASTIC_MESH_INTERFACES="wg*, tailscale0",
+        ELASTIC_MESH_REQUIRED="True",
+        ELASTIC_GRACE_PERIOD="90",
+        ELASTIC_SCALE_DOWN="true",
+        ELASTIC_STATEFULSETS="run42-worker-a,run42-worker-b",
+        POD_IP="198.18.0.5",
+    )
+    assert cfg.nproc_per_node == "8"
+    assert cfg.max_restarts == 5
+    conf = dict(cfg.rdzv_conf)
+    assert conf["last_call_timeout"] == "5"  # the chart's value wins over the default
+    assert conf["read_timeout"] == "30"
+    assert conf["keep_alive_interval"] == dict(config.DEFAULT_RDZV_CONF)["keep_alive_interval"]
+    assert cfg.monitor_interval == 1.5
+    assert cfg.gate_timeout == 120
+    assert cfg.gate_peers and cfg.mesh_required and cfg.scale_down
+    assert cfg.mesh_interfaces == ("wg*", "tailscale0")
+    assert cfg.grace_period == 90
+    assert cfg.statefulsets == ("run42-worker-a", "run42-worker-b")
+    assert cfg.pod_ip == "198.18.0.5"
+
+
+@pytest.mark.parametrize(
+    ("raw", "host", "port"),
+    [
+        ("etcd:2379", "etcd", 2379),
+        ("http://10.0.0.1:2379/", "10.0.0.1", 2379),
+        ("[fd00::1]:2379", "fd00::1", 2379),
+    ],
+)
+def test_endpoint_forms(raw: str, host: str, port: int) -> None:
+    assert config.parse_endpoint(raw) == config.Endpoint(host, port)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        ({"ELASTIC_JOB_ID": None}, "ELASTIC_JOB_ID is not set"),
+        ({"ELASTIC_JOB_ID": "a/b"}, "ELASTIC_JOB_ID='a/b'"),
+        ({"ELASTIC_RDZV_ENDPOINT": None}, "ELASTIC_RDZV_ENDPOINT is not set"),
+        ({"ELASTIC_RDZV_ENDPOINT": "etcd"}, "ELASTIC_RDZV_ENDPOINT='etcd' is not host:port"),
+        ({"ELASTIC_RDZV_ENDPOINT": "etcd:99999"}, "ELASTIC_RDZV_ENDPOINT"),
+        ({"ELASTIC_MIN_NODES": None}, "ELASTIC_MIN_NODES is not set"),
+        ({"ELASTIC_MIN_NODES": "two"}, "ELASTIC_MIN_NODES='two' is not an integer"),
+        ({"ELASTIC_MIN_NODES": "0"}, "ELASTIC_MIN_NODES=0 is below 1"),
+        ({"ELASTIC_MAX_NODES": "1"}, "ELASTIC_MAX_NODES=1 is below ELASTIC_MIN_NODES=2"),
+        ({"ELASTIC_NPROC_PER_NODE": "0"}, "ELASTIC_NPROC_PER_NODE='0'"),
+        ({"ELASTIC_MAX_RESTARTS": "-1"}, "ELASTIC_MAX_RESTARTS=-1 is below 0"),
+        ({"ELASTIC_RDZV_CONF": "last_call_timeout"}, "ELASTIC_RDZV_CONF: 'last_call_timeout'"),
+        ({"ELASTIC_RDZV_CONF": "lastcall=2"}, "unknown key 'lastcall'"),
+        ({"ELASTIC_MONITOR_INTERVAL": "0"}, "ELASTIC_MONITOR_INTERVAL='0'"),
+        ({"ELASTIC_GATE_TIMEOUT": "soon"}, "ELASTIC_GATE_TIMEOUT='soon'"),
+        ({"ELASTIC_GATE_PEERS": "maybe"}, "ELASTIC_GATE_PEERS='maybe' is not a boolean"),
+        ({"ELASTIC_GRACE_PERIOD": "0"}, "ELASTIC_GRACE_PERIOD=0"),
+        ({"ELASTIC_STATEFULSETS": "Bad_Name"}, "ELASTIC_STATEFULSETS: 'Bad_Name'"),
+    ],
+)
+def test_a_bad_setting_names_itself(overrides: dict[str, str | None], names: str) -> None:
+    with pytest.raises(config.ConfigError) as info:
+        load(**overrides)
+    message = str(info.value)
+    assert names in message
+    assert "\n" not in message
+
+
+def test_the_env_file_fills_only_what_the_pod_spec_left_unset(tmp_path: Path) -> None:
+    inject = tmp_path / "env"
+    inject.write_text("ELASTIC_MAX_RESTARTS='7'\nELASTIC_MIN_NODES='9'\nNCCL_IB_HCA='mlx5'\n")
+    env = {**BASE, "ELASTIC_INJECT_ENV": str(inject)}
+    cfg = config.load(["train.py"], env)
+    assert cfg.max_restarts == 7  # absent from the environment: taken from the file
+    assert cfg.min_nodes == 2  # set in the environment: the file does not override it
+    assert env["NCCL_IB_HCA"] == "mlx5"
+
+
+def test_a_malformed_env_file_is_a_config_error_naming_the_line(tmp_path: Path) -> None:
+    inject = tmp_path / "env"
+    inject.write_text("A='1'\nB=oops\n")
+    with pytest.raises(config.ConfigError, match=r"env:2: B: .*single-quoted"):
+        config.load(["train.py"], {**BASE, "ELASTIC_INJECT_ENV": str(inject)})
+
+
+def test_the_command_is_required() -> None:
+    with pytest.raises(config.ConfigError, match="no training command"):
+        config.load([], dict(BASE))
+
+
+def test_the_console_script_prints_one_line_and_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "env").write_text("ZONE='a'\n")
+    env = {k: v for k, v in BASE.items() if k != "ELASTIC_MIN_NODES"}
+    env["ELASTIC_INJECT_ENV"] = str(tmp_path / "env")
+    result = subprocess.run(  # noqa: PLW1510 - the code is asserted
+        [str(WORKER), "python", "train.py"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == [
+        "elastic-worker: ELASTIC_MIN_NODES is not set: give an integer >= 1",
+    ], result.stderr

@@ -1,0 +1,135 @@
+"""The readiness gate: every wait is bounded and says what it still waits for."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import EtcdServer, free_port
+from elastic_worker import gate
+from worker_helpers import WORKER, worker_env
+
+
+def test_wait_returns_once_every_check_passes() -> None:
+    calls = {"n": 0}
+
+    def flaky() -> gate.CheckResult:
+        calls["n"] += 1
+        return calls["n"] >= 3, "not yet"
+
+    gate.wait([gate.Check("a", lambda: (True, "")), gate.Check("b", flaky)], 5, poll_every=0.01)
+    assert calls["n"] == 3
+
+
+def test_wait_times_out_naming_the_first_missing_check_and_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="elastic_worker")
+    checks = [
+        gate.Check("DNS name etcd", lambda: (True, "")),
+        gate.Check("etcd v2 API", lambda: (False, "connection refused")),
+        gate.Check("2 peers", lambda: (True, "")),
+    ]
+    start = time.monotonic()
+    with pytest.raises(gate.GateTimeout) as info:
+        gate.wait(checks, 1.0, progress_every=0.3, poll_every=0.05)
+    assert 1.0 <= time.monotonic() - start < 3
+    assert str(info.value) == (
+        "readiness gate timed out after 1 s waiting for: etcd v2 API (connection refused); 2 peers"
+    )
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting")]
+    assert 2 <= len(progress) <= 4
+    assert "etcd v2 API (connection refused); then 2 peers" in progress[0]
+
+
+def test_a_signal_interrupts_the_wait() -> None:
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    with pytest.raises(gate.Interrupted):
+        gate.wait([gate.Check("never", lambda: (False, ""))], 30, stop=stop)
+
+
+def run_worker(env: dict[str, str], timeout: float = 60) -> tuple[int, list[str], float]:
+    start = time.monotonic()
+    result = subprocess.run(  # noqa: PLW1510 - the code is asserted
+        [str(WORKER), "python", "train.py"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return result.returncode, result.stderr.strip().splitlines(), time.monotonic() - start
+
+
+def test_an_etcd_without_v2_is_one_line_and_exit_4_at_once(
+    etcd_factory: Callable[..., EtcdServer],
+) -> None:
+    etcd = etcd_factory(v2=False)
+    code, lines, took = run_worker(worker_env(etcd.endpoint, "nov2", ELASTIC_GATE_TIMEOUT="120"))
+    assert code == 4
+    errors = [line for line in lines if "v2" in line]
+    assert len(errors) == 1, lines
+    assert errors[0].startswith(f"elastic-worker: rendezvous endpoint http://{etcd.endpoint} ")
+    assert "has no etcd v2 API (etcd 3.4" in errors[0]
+    assert "etcd 3.6 removed the v2 API" in errors[0]
+    assert took < 30  # at once, not after the 120 s gate timeout
+
+
+def test_an_etcd_that_does_not_answer_times_out_with_exit_3() -> None:
+    port = free_port()
+    env = worker_env(f"127.0.0.1:{port}", "down", ELASTIC_GATE_TIMEOUT="2")
+    code, lines, took = run_worker(env)
+    assert code == 3
+    assert lines[-1].startswith(
+        "elastic-worker: readiness gate timed out after 2 s waiting for: "
+        f"etcd v2 API at 127.0.0.1:{port}"
+    ), lines
+    assert took < 30
+
+
+def test_a_name_that_does_not_resolve_times_out_naming_it() -> None:
+    env = worker_env("etcd.nowhere.invalid:2379", "dns", ELASTIC_GATE_TIMEOUT="2")
+    code, lines, _ = run_worker(env)
+    assert code == 3
+    assert "waiting for: DNS name etcd.nowhere.invalid (" in lines[-1]
+    assert lines[-1].endswith("; etcd v2 API at etcd.nowhere.invalid:2379"), lines
+
+
+def test_the_peer_gate_registers_with_a_ttl_and_waits_for_min_nodes(etcd: EtcdServer) -> None:
+    env = worker_env(
+        etcd.endpoint,
+        "peers",
+        ELASTIC_GATE_PEERS="true",
+        ELASTIC_GATE_TIMEOUT="3",
+        POD_NAME="peers-worker-0",
+    )
+    code, lines, _ = run_worker(env)
+    assert code == 3
+    assert lines[-1].endswith("waiting for: 2 peers (1 of 2 registered)"), lines
+    url = f"{etcd.url}/v2/keys/elastic-job/peers/members/peers-worker-0"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        node = json.loads(resp.read())["node"]
+    assert 0 < node["ttl"] <= gate.MEMBER_TTL
+    assert json.loads(node["value"]) == {"pod": "peers-worker-0", "ip": "127.0.0.1"}
+
+
+def test_the_mesh_gate_waits_for_a_mesh_interface(etcd: EtcdServer, tmp_path: Path) -> None:
+    env = worker_env(
+        etcd.endpoint,
+        "mesh",
+        ELASTIC_MESH_REQUIRED="true",
+        ELASTIC_MESH_INTERFACES="meshtest-none*",
+        ELASTIC_GATE_TIMEOUT="2",
+    )
+    code, lines, _ = run_worker(env)
+    assert code == 3
+    assert lines[-1].endswith(
+        "waiting for: mesh interface (no up interface matches meshtest-none*)"
+    ), lines

@@ -1,0 +1,131 @@
+"""Shared helpers for the worker tests: paths, the agents' environment, process trees."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / ".venv" / "bin"
+WORKER = BIN / "elastic-worker"
+PYTHON = BIN / "python"
+TRAIN = ROOT / "images" / "worker" / "examples" / "train.py"
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (torch starts workers in their own sessions)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        ppid = int(text.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    for target in [pid, *descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target, sig)
+
+
+def worker_env(endpoint: str, job_id: str, **extra: str) -> dict[str, str]:
+    """The chart's variables for a local agent on 127.0.0.1 (gloo over lo)."""
+    env = {
+        "PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "ELASTIC_JOB_ID": job_id,
+        "ELASTIC_RDZV_ENDPOINT": endpoint,
+        "ELASTIC_MIN_NODES": "2",
+        "ELASTIC_MAX_NODES": "3",
+        "ELASTIC_NPROC_PER_NODE": "1",
+        "ELASTIC_INJECT_ENV": "/nonexistent/inject/env",
+        "ELASTIC_GATE_TIMEOUT": "60",
+        "ELASTIC_GRACE_PERIOD": "30",
+        "ELASTIC_LOCAL_ADDR": "127.0.0.1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+    }
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Agent:
+    """One elastic-worker process (a local "node"), its output captured line by line."""
+
+    name: str
+    proc: subprocess.Popen[str]
+    lines: list[tuple[float, str]] = field(default_factory=list)
+    _reader: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, name: str, args: list[str], env: dict[str, str], log: Path) -> Agent:
+        proc = subprocess.Popen(
+            [str(WORKER), *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        agent = cls(name, proc)
+        agent._reader = threading.Thread(target=agent._pump, args=(log,), daemon=True)
+        agent._reader.start()
+        return agent
+
+    def _pump(self, log: Path) -> None:
+        assert self.proc.stdout is not None
+        with log.open("w") as out:
+            for line in self.proc.stdout:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+                out.write(line)
+                out.flush()
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in list(self.lines))
+
+    def train_lines(self, since: float = 0.0) -> list[str]:
+        return [line for t, line in list(self.lines) if t >= since and line.startswith("[train]")]
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout)
+        if self._reader is not None:
+            self._reader.join(5)
+        return code
+
+    def kill(self) -> None:
+        kill_tree(self.proc.pid)
+
+
+def wait_until(
+    what: str, predicate: Callable[[], bool], timeout: float, every: float = 0.2
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def agents_cleanup(agents: list[Agent]) -> Iterator[None]:
+    yield
+    for agent in agents:
+        agent.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            agent.wait(10)
