@@ -1,0 +1,124 @@
+"""Every rendered manifest is valid Kubernetes (strict) for 1.29 through 1.35, and every
+CRD-backed object validates against its upstream CRD schema (../shared/crds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from chart_render import KUBERNETES_VERSIONS, Case, cases, kubernetes_errors, objects
+from conftest import shared_dir
+
+CASES = cases()
+CRD_GROUPS = ("scheduling.volcano.sh",)
+
+
+def _is_crd_backed(obj: dict[str, Any]) -> bool:
+    return obj["apiVersion"].split("/")[0] in CRD_GROUPS
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_manifests_pass_kubernetes_validate_strict_for_each_minor(case: Case) -> None:
+    """kubernetes-validate --strict (no unknown fields) for Kubernetes 1.29 .. 1.35."""
+    errors = []
+    for obj in objects(case):
+        if _is_crd_backed(obj):
+            continue
+        for version in KUBERNETES_VERSIONS:
+            errors += [
+                f"{version} {obj['kind']}/{obj['metadata']['name']}: {err}"
+                for err in kubernetes_errors(obj, version)
+            ]
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.parametrize("version", [KUBERNETES_VERSIONS[0], KUBERNETES_VERSIONS[-1]])
+def test_kubernetes_validate_api_agrees_on_the_defaults(version: str) -> None:
+    """The package's own validate(strict=True) accepts the defaults too, and refuses an
+    unknown field as the suite's cached validator does."""
+    for case in CASES[:1] + [c for c in CASES if c.name == "elastic-job:defaults"]:
+        for obj in objects(case):
+            kubernetes_validate.validate(obj, version, strict=True)
+    obj = objects(CASES[0])[0]
+    bad = {**obj, "spec": {**obj["spec"], "unknownField": 1}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, version, strict=True)
+    assert kubernetes_errors(bad, version)
+
+
+def _crd_schemas(shared: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """(group, version, kind) -> openAPIV3Schema, from every CRD under ../shared/crds."""
+    out = {}
+    for path in sorted((shared / "crds").rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc.get("kind") != "CustomResourceDefinition":
+                continue
+            spec = doc["spec"]
+            for version in spec["versions"]:
+                key = (spec["group"], version["name"], spec["names"]["kind"])
+                out[key] = version["schema"]["openAPIV3Schema"]
+    return out
+
+
+def _strict(schema: Any) -> Any:
+    """The CRD schema with unknown fields refused, as the API server prunes and kubeconform
+    -strict reports them (x-kubernetes-preserve-unknown-fields subtrees stay open)."""
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if (
+        out.get("type") == "object"
+        and "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def _metadata_free(schema: dict[str, Any]) -> dict[str, Any]:
+    """apiVersion/kind/metadata are checked by the API server, not the CRD schema."""
+    schema = dict(schema)
+    props = dict(schema.get("properties", {}))
+    props["metadata"] = {"type": "object"}
+    schema["properties"] = props
+    return schema
+
+
+def test_crd_objects_validate_against_upstream_crd_schemas() -> None:
+    """PodGroup (gang.volcano.enabled) against Volcano's CRD openAPIV3Schema, unknown fields
+    refused, for every configuration that renders one (ci/gang-values.yaml, examples)."""
+    shared = shared_dir()
+    if shared is None:
+        pytest.skip("../shared (upstream CRDs) is not beside this checkout; set ELASTIC_SHARED_DIR")
+    schemas = _crd_schemas(shared)
+    checked = []
+    for case in CASES:
+        for obj in objects(case):
+            if not _is_crd_backed(obj):
+                continue
+            group, version = obj["apiVersion"].split("/")
+            schema = schemas.get((group, version, obj["kind"]))
+            assert schema is not None, f"no CRD in ../shared/crds for {obj['apiVersion']} {obj['kind']}"
+            jsonschema.validate(obj, _strict(_metadata_free(schema)))
+            checked.append(f"{case}: {obj['kind']}")
+    assert any("ci/gang-values.yaml: PodGroup" in c for c in checked), checked
+
+
+def test_crd_check_refuses_an_unknown_podgroup_field() -> None:
+    """The strict CRD check is not vacuous: a PodGroup with an unknown spec field fails."""
+    shared = shared_dir()
+    if shared is None:
+        pytest.skip("../shared (upstream CRDs) is not beside this checkout; set ELASTIC_SHARED_DIR")
+    schema = _crd_schemas(shared)[("scheduling.volcano.sh", "v1beta1", "PodGroup")]
+    case = next(c for c in CASES if c.name.endswith("ci/gang-values.yaml"))
+    podgroup = next(o for o in objects(case) if o["kind"] == "PodGroup")
+    bad = {**podgroup, "spec": {**podgroup["spec"], "minMembers": 2}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, _strict(_metadata_free(schema)))
