@@ -1,0 +1,111 @@
+"""init-topology: read this pod's Node, write /etc/inject/env, exit.
+
+Exit codes: 0 written (also when degraded: the Node could not be read, NODE_NAME and what
+the downward API gave are written, with one warning line); 2 bad setting; 3 the Node could
+not be read and TOPOLOGY_STRICT is true (nothing written); 4 the file could not be written.
+Every expected failure is one line on stderr, `init-topology: <level>: <what> -- <fix>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from init_topology import __version__
+from init_topology.config import ConfigError, load_config
+from init_topology.envfile import write_env_file
+from init_topology.mapping import build_variables
+from init_topology.nodeapi import NodeObject, NodeUnavailable, fetch_node
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_NODE_UNAVAILABLE = 3
+EXIT_WRITE = 4
+
+SUMMARY_KEYS = (
+    "NODE_PROVIDER",
+    "NODE_ZONE",
+    "NODE_INSTANCE_TYPE",
+    "NODE_GPU_COUNT",
+    "NODE_GPU_MODEL",
+    "NODE_CAPACITY_TYPE",
+    "NODE_FABRIC",
+)
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"init-topology: {record.levelname.lower()}: {record.getMessage()}"
+
+
+def _setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if os.environ.get("TOPOLOGY_DEBUG") == "true" else logging.INFO)
+    # The client's libraries speak only when something is wrong, and we say that ourselves.
+    for noisy in ("urllib3", "kubernetes"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="init-topology",
+        description="Write this pod's node topology to TOPOLOGY_OUTPUT (default "
+        "/etc/inject/env). Configured by environment only; see the image README.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.parse_args(argv)
+    _setup_logging()
+
+    try:
+        config = load_config(os.environ)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return EXIT_CONFIG
+
+    node: NodeObject | None = None
+    try:
+        node = fetch_node(config)
+    except NodeUnavailable as exc:
+        line = f'cannot read Node "{config.node_name}": {exc.cause} -- {exc.fix}'
+        if config.strict:
+            log.error("%s; failing because TOPOLOGY_STRICT is true", line)
+            return EXIT_NODE_UNAVAILABLE
+        log.warning("%s; writing NODE_NAME without node labels", line)
+
+    variables = build_variables(config, node)
+    try:
+        write_env_file(config.output, variables)
+    except (OSError, ValueError) as exc:
+        log.error(
+            "cannot write %s: %s -- mount a writable volume (the chart's emptyDir `inject`) at %s",
+            config.output,
+            exc,
+            config.output.parent,
+        )
+        return EXIT_WRITE
+
+    summary = " ".join(
+        f"{key.removeprefix('NODE_').lower()}={variables[key] or '-'}"
+        for key in SUMMARY_KEYS
+        if key in variables
+    )
+    log.info(
+        "wrote %d variables to %s (node %s%s)",
+        len(variables),
+        config.output,
+        config.node_name,
+        f": {summary}" if summary else "",
+    )
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""Pure mapping: a Node (the API's JSON as a dict) -> the ordered variables to write.
+
+No I/O here: each function takes plain data and returns plain data, so every rule is tested
+on fixtures without a cluster.
+
+Conventions: variables with a closed set of values (NODE_CAPACITY_TYPE, NODE_FABRIC) say
+`unknown` when the Node does not tell; free-text variables are empty then.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from init_topology.config import Config
+from init_topology.envfile import check_value
+
+log = logging.getLogger(__name__)
+
+Variables = dict[str, str]
+Node = Mapping[str, Any]
+
+UNKNOWN = "unknown"
+SPOT = "spot"
+ON_DEMAND = "on-demand"
+FABRICS = ("infiniband", "efa", "roce", "ethernet")
+
+# Well-known label keys.
+REGION = ("topology.kubernetes.io/region", "failure-domain.beta.kubernetes.io/region")
+ZONE = ("topology.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/zone")
+INSTANCE_TYPE = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
+GPU_MODEL = (
+    "nvidia.com/gpu.product",  # NVIDIA GPU feature discovery (GPU Operator)
+    "cloud.google.com/gke-accelerator",  # GKE
+    "karpenter.k8s.aws/instance-gpu-name",  # Karpenter on AWS
+    "k8s.amazonaws.com/accelerator",  # EKS GPU AMIs / eksctl
+)
+GPU_COUNT = ("nvidia.com/gpu.count", "karpenter.k8s.aws/instance-gpu-count")
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+
+GKE_NODEPOOL = "cloud.google.com/gke-nodepool"
+AKS_AGENTPOOL = "kubernetes.azure.com/agentpool"
+
+# EC2 families whose EFA supports RDMA read/write (FI_EFA_USE_DEVICE_RDMA=1 is valid there;
+# on other EFA instances libfabric refuses to start with it).
+EFA_RDMA_FAMILIES = frozenset(
+    {"p4d", "p4de", "p5", "p5e", "p5en", "p6-b200", "p6e-gb200", "trn1", "trn1n", "trn2"}
+)
+
+_PROVIDER_SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*)://")
+_TOKEN = re.compile(r"[^a-z0-9]+")
+
+
+def labels_of(node: Node) -> Mapping[str, str]:
+    labels = node.get("metadata", {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
+
+
+def allocatable_of(node: Node) -> Mapping[str, str]:
+    alloc = node.get("status", {}).get("allocatable") or {}
+    return {str(k): str(v) for k, v in alloc.items()}
+
+
+def first_label(labels: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        if key in labels:
+            return labels[key]
+    return None
+
+
+def provider(node: Node) -> str:
+    """The scheme of spec.providerID: gce, aws, azure, kind, openstack, ...; "" if none."""
+    provider_id = str(node.get("spec", {}).get("providerID") or "")
+    match = _PROVIDER_SCHEME.match(provider_id)
+    return match.group(1) if match else ""
+
+
+def capacity_type(labels: Mapping[str, str]) -> str:
+    """spot, on-demand or unknown, from the labels each provisioner sets.
+
+    Preemptible (GKE) and Azure spot priority count as spot. Reserved capacity and AWS
+    capacity blocks count as on-demand: no spot reclaim. A node of a GKE or AKS node pool
+    without their spot labels is on-demand (those platforms label only spot nodes).
+    """
+    value = labels.get("karpenter.sh/capacity-type", "").lower()  # Karpenter (AWS, Azure)
+    if value:
+        return (
+            SPOT
+            if value == "spot"
+            else ON_DEMAND
+            if value in ("on-demand", "reserved")
+            else UNKNOWN
+        )
+    value = labels.get("eks.amazonaws.com/capacityType", "").upper()  # EKS managed node groups
+    if value:
+        return (
+            SPOT
+            if value == "SPOT"
+            else ON_DEMAND
+            if value in ("ON_DEMAND", "CAPACITY_BLOCK")
+            else UNKNOWN
+        )
+    if "true" in (
+        labels.get("cloud.google.com/gke-spot", "").lower(),
+        labels.get("cloud.google.com/gke-preemptible", "").lower(),
+    ):
+        return SPOT
+    value = labels.get("cloud.google.com/gke-provisioning", "").lower()
+    if value in ("spot", "preemptible"):
+        return SPOT
+    if value or GKE_NODEPOOL in labels:
+        return ON_DEMAND
+    value = labels.get("kubernetes.azure.com/scalesetpriority", "").lower()  # AKS
+    if value:
+        return SPOT if value == "spot" else ON_DEMAND
+    if AKS_AGENTPOOL in labels:
+        return ON_DEMAND
+    for key in ("node.kubernetes.io/lifecycle", "spotinst.io/node-lifecycle", "lifecycle"):
+        value = labels.get(key, "").lower()  # kops, Spot Ocean, eksctl/self-managed groups
+        if value in ("spot", "ec2spot", "preemptible"):
+            return SPOT
+        if value in ("on-demand", "ondemand", "od", "normal", "regular"):
+            return ON_DEMAND
+    return UNKNOWN
+
+
+def gpus(labels: Mapping[str, str], allocatable: Mapping[str, str]) -> tuple[str, str]:
+    """(model, count) of NVIDIA GPUs. The count is what pods can be given (allocatable),
+    else what discovery labels report; the model is the source label's own spelling."""
+    model = first_label(labels, GPU_MODEL) or ""
+    count: int | None = None
+    if GPU_RESOURCE in allocatable:
+        count = _int(allocatable[GPU_RESOURCE])
+    if count is None:
+        count = _int(first_label(labels, GPU_COUNT) or "")
+    return model, str(count or 0)
+
+
+def fabric(labels: Mapping[str, str], allocatable: Mapping[str, str], node_provider: str) -> str:
+    """infiniband, efa, roce, ethernet or unknown.
+
+    EFA: allocatable vpc.amazonaws.com/efa. RDMA: any allocatable resource in the rdma/
+    domain or whose name has an rdma/ib/roce token (RDMA shared device and SR-IOV plugins),
+    or NFD's feature.node.kubernetes.io/rdma.available. The link layer comes from the
+    resource name (ib, infiniband / roce), else from the provider (Azure RDMA is InfiniBand,
+    GCE and OCI RDMA is RoCE); RDMA whose link layer nothing tells is `unknown` (map a label
+    of your own to NODE_FABRIC for those clusters). No EFA or RDMA at all: ethernet.
+    """
+    if _positive(allocatable.get(EFA_RESOURCE)):
+        return "efa"
+    rdma = False
+    hints: set[str] = set()
+    for name, quantity in allocatable.items():
+        if not _positive(quantity):
+            continue
+        tokens = set(_TOKEN.split(name.lower()))
+        if name.startswith("rdma/") or tokens & {"rdma", "ib", "infiniband", "roce", "hca"}:
+            rdma = True
+            hints |= tokens
+    if labels.get("feature.node.kubernetes.io/rdma.available", "").lower() == "true":
+        rdma = True
+    if not rdma:
+        return "ethernet"
+    if hints & {"ib", "infiniband"}:
+        return "infiniband"
+    if "roce" in hints:
+        return "roce"
+    if node_provider == "azure":
+        return "infiniband"
+    if node_provider in ("gce", "oci"):
+        return "roce"
+    return UNKNOWN
+
+
+def node_variables(node_name: str, node: Node | None) -> Variables:
+    """NODE_* in their fixed order. Without a Node: the name, and unknown where defined."""
+    if node is None:
+        return {
+            "NODE_NAME": node_name,
+            "NODE_CAPACITY_TYPE": UNKNOWN,
+            "NODE_FABRIC": UNKNOWN,
+            "NODE_TOPOLOGY_SOURCE": "downward-api",
+        }
+    labels = labels_of(node)
+    allocatable = allocatable_of(node)
+    node_provider = provider(node)
+    model, count = gpus(labels, allocatable)
+    return {
+        "NODE_NAME": node_name,
+        "NODE_PROVIDER": node_provider,
+        "NODE_REGION": first_label(labels, REGION) or "",
+        "NODE_ZONE": first_label(labels, ZONE) or "",
+        "NODE_INSTANCE_TYPE": first_label(labels, INSTANCE_TYPE) or "",
+        "NODE_GPU_MODEL": model,
+        "NODE_GPU_COUNT": count,
+        "NODE_CAPACITY_TYPE": capacity_type(labels),
+        "NODE_FABRIC": fabric(labels, allocatable, node_provider),
+        "NODE_TOPOLOGY_SOURCE": "api",
+    }
+
+
+def mapped_variables(
+    labels: Mapping[str, str], label_map: tuple[tuple[str, tuple[str, ...]], ...]
+) -> Variables:
+    """The user's label map: for each variable, the first of its label keys present."""
+    out: Variables = {}
+    for name, keys in label_map:
+        value = first_label(labels, keys)
+        if value is None:
+            continue
+        try:
+            check_value(value)
+        except ValueError as exc:
+            log.warning("not writing %s: the value of the label it maps %s", name, exc)
+            continue
+        out[name] = value
+    return out
+
+
+def nccl_defaults(node_fabric: str, instance_type: str) -> Variables:
+    """Conservative NCCL/libfabric settings for a fabric; nothing for an unknown one.
+
+    - efa: FI_PROVIDER=efa so the aws-ofi-nccl plugin picks EFA, and
+      FI_EFA_USE_DEVICE_RDMA=1 only on instance families whose EFA does RDMA.
+      NCCL_PROTO is left alone (AWS no longer recommends forcing Simple).
+    - infiniband, roce: NCCL_IB_DISABLE=0, undoing an image that disabled IB. NCCL picks
+      the HCAs and (2.21+) the RoCEv2 GID itself, so no NCCL_IB_HCA or NCCL_IB_GID_INDEX.
+    - ethernet: NCCL_IB_DISABLE=1, so NCCL does not probe for IB devices that are absent.
+    """
+    if node_fabric == "efa":
+        out = {"FI_PROVIDER": "efa"}
+        if instance_type.split(".", maxsplit=1)[0] in EFA_RDMA_FAMILIES:
+            out["FI_EFA_USE_DEVICE_RDMA"] = "1"
+        return out
+    if node_fabric in ("infiniband", "roce"):
+        return {"NCCL_IB_DISABLE": "0"}
+    if node_fabric == "ethernet":
+        return {"NCCL_IB_DISABLE": "1"}
+    return {}
+
+
+def build_variables(config: Config, node: Node | None) -> Variables:
+    """Everything written, in order: NODE_*, then the user's label map (which may override a
+    NODE_* value in place), then NCCL defaults for the resulting NODE_FABRIC, except those
+    the user set on the worker container (TOPOLOGY_USER_ENV) or mapped from a label."""
+    variables = node_variables(config.node_name, node)
+    if node is not None:
+        variables.update(mapped_variables(labels_of(node), config.label_map))
+    for key, value in nccl_defaults(
+        variables.get("NODE_FABRIC", UNKNOWN), variables.get("NODE_INSTANCE_TYPE", "")
+    ).items():
+        if key not in config.user_env and key not in variables:
+            variables[key] = value
+    return variables
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _positive(quantity: str | None) -> bool:
+    count = _int(quantity or "")
+    return count is not None and count > 0

@@ -1,0 +1,244 @@
+"""Read this pod's Node from the API server with the official `kubernetes` client.
+
+In-cluster config (KUBERNETES_SERVICE_HOST/PORT, the service-account token and CA), bounded
+retries with jittered exponential backoff, all inside one time budget
+(TOPOLOGY_TIMEOUT_SECONDS). Transient failures (connection refused or reset, timeouts, 429,
+5xx) are retried; permanent ones (401, 403, 404, other 4xx, TLS verification) end at once.
+Every failure ends in NodeUnavailable with a cause and a fix a person can act on.
+
+The client is imported here, when used (its import is most of this program's run time),
+and `api_factory` lets tests inject another.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from init_topology.config import Config
+
+log = logging.getLogger(__name__)
+
+FIRST_BACKOFF_SECONDS = 0.2
+MAX_BACKOFF_SECONDS = 2.0
+CONNECT_TIMEOUT_SECONDS = 3.0
+READ_TIMEOUT_SECONDS = 5.0
+MIN_ATTEMPT_SECONDS = 0.1
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+NodeObject = dict[str, Any]
+
+
+class NodeUnavailable(Exception):
+    """The Node could not be read: `cause` says why, `fix` what to change."""
+
+    def __init__(self, cause: str, fix: str) -> None:
+        cause, fix = _one_line(cause), _one_line(fix)
+        super().__init__(f"{cause} -- {fix}")
+        self.cause = cause
+        self.fix = fix
+
+
+@dataclass(frozen=True)
+class _Failure:
+    retry: bool
+    cause: str
+    fix: str
+
+
+def fetch_node(
+    config: Config,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    api_factory: Callable[[Config], Any] | None = None,
+) -> NodeObject:
+    """GET /api/v1/nodes/{NODE_NAME}; the Node as the API's JSON, or NodeUnavailable.
+
+    `api_factory(config)` returns a CoreV1Api-like object (read_node, api_client.close);
+    by default the official client with in-cluster config.
+    """
+    start = clock()
+    deadline = start + config.timeout_seconds
+    api = (api_factory or _core_api)(config)
+    try:
+        attempt = 0
+        backoff = FIRST_BACKOFF_SECONDS
+        while True:
+            attempt += 1
+            # Never a timeout <= 0 (urllib3 refuses it): a late wake-up may have eaten the rest.
+            remaining = max(deadline - clock(), MIN_ATTEMPT_SECONDS)
+            timeout = (
+                min(remaining, CONNECT_TIMEOUT_SECONDS),
+                min(remaining, READ_TIMEOUT_SECONDS),
+            )
+            failure = _attempt(api, config, timeout)
+            if isinstance(failure, dict):
+                return failure
+            elapsed = clock() - start
+            pause = random.uniform(backoff / 2, backoff)
+            if not failure.retry or clock() + pause + MIN_ATTEMPT_SECONDS >= deadline:
+                tries = f"{attempt} attempt{'s' if attempt > 1 else ''} in {elapsed:.1f}s"
+                cause = f"{failure.cause} ({tries})" if failure.retry else failure.cause
+                raise NodeUnavailable(cause, failure.fix)
+            log.debug("attempt %d: %s; retrying in %.2fs", attempt, failure.cause, pause)
+            sleep(pause)
+            backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+    finally:
+        api.api_client.close()
+
+
+def _core_api(config: Config) -> Any:
+    if not config.api_host or not config.api_port:
+        raise NodeUnavailable(
+            "KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not set (not in a pod?)",
+            "run it as the chart's init container, where the kubelet sets them",
+        )
+    token = config.serviceaccount_dir / "token"
+    ca = config.serviceaccount_dir / "ca.crt"
+    for path in (token, ca):
+        if not path.is_file() or path.stat().st_size == 0:
+            raise NodeUnavailable(
+                f"no service-account {path.name} at {path}",
+                "mount the token: leave automountServiceAccountToken on for the worker pods "
+                "(the chart's service account)",
+            )
+    from kubernetes import client  # noqa: PLC0415 - slow import, only when the API is used
+    from kubernetes.config.incluster_config import InClusterConfigLoader  # noqa: PLC0415
+
+    configuration = client.Configuration()
+    environ = {
+        "KUBERNETES_SERVICE_HOST": config.api_host,
+        "KUBERNETES_SERVICE_PORT": config.api_port,
+    }
+    InClusterConfigLoader(
+        str(token), str(ca), try_refresh_token=False, environ=environ
+    ).load_and_set(configuration)
+    # Retries are ours (bounded by the budget); urllib3's own would multiply them.
+    configuration.retries = False
+    return client.CoreV1Api(client.ApiClient(configuration))
+
+
+def _attempt(api: Any, config: Config, timeout: tuple[float, float]) -> NodeObject | _Failure:
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+    from urllib3 import exceptions as u3  # noqa: PLC0415
+
+    server = f"{config.api_host}:{config.api_port}"
+    try:
+        response = api.read_node(config.node_name, _preload_content=False, _request_timeout=timeout)
+        body = response.data
+    except ApiException as exc:
+        if not exc.status and str(exc.reason).startswith("SSLError"):
+            # The client turns urllib3's SSLError into ApiException(status=0, "SSLError\n...").
+            return _tls_failure(server, str(exc.reason).removeprefix("SSLError"))
+        return _status_failure(exc.status or 0, exc.reason or "", exc.body, config)
+    except u3.SSLError as exc:
+        return _tls_failure(server, _reason(exc))
+    except u3.NewConnectionError as exc:
+        return _Failure(
+            True,
+            f"cannot connect to the API server {server}: {_reason(exc)}",
+            "check egress from the pod to the API server (NetworkPolicy) and that it is up",
+        )
+    except (u3.TimeoutError, TimeoutError) as exc:
+        return _Failure(
+            True,
+            f"no answer from the API server {server} in time: {_reason(exc)}",
+            "check egress to the API server (NetworkPolicy), or raise topology.timeoutSeconds",
+        )
+    except (u3.HTTPError, OSError) as exc:
+        return _Failure(
+            True,
+            f"request to the API server {server} failed: {_reason(exc)}",
+            "check egress to the API server (NetworkPolicy) and its health",
+        )
+    try:
+        node = json.loads(body)
+    except ValueError:
+        node = None
+    if not isinstance(node, dict) or node.get("kind", "Node") != "Node":
+        return _Failure(
+            True,
+            f"the API server {server} answered with something that is not a Node",
+            "check that KUBERNETES_SERVICE_HOST/PORT point at the API server",
+        )
+    return node
+
+
+def _tls_failure(server: str, reason: str) -> _Failure:
+    return _Failure(
+        False,
+        f"TLS verification of the API server {server} failed: {_one_line(reason)}",
+        "the service account's ca.crt must be the cluster CA that signed the API server",
+    )
+
+
+def _status_failure(status: int, reason: str, body: Any, config: Config) -> _Failure:
+    message = _status_message(body)
+    what = f"{status} {reason}".strip() + (f": {message}" if message else "")
+    if status == 401:
+        return _Failure(
+            False,
+            f"{what} (the service-account token was rejected)",
+            "check the pod's service-account token (automountServiceAccountToken, expiry)",
+        )
+    if status == 403:
+        return _Failure(
+            False,
+            what,
+            "grant get on nodes: set rbac.nodeReader.enabled=true in the chart "
+            "(Nodes are cluster-scoped, so a namespaced Role cannot grant it)",
+        )
+    if status == 404:
+        return _Failure(
+            False,
+            what,
+            f"NODE_NAME ({config.node_name}) must be this pod's node: set it from "
+            "fieldRef spec.nodeName, as the chart does",
+        )
+    if status in RETRYABLE_STATUS:
+        return _Failure(
+            True,
+            what,
+            "the API server is failing or overloaded: check its health, or raise "
+            "topology.timeoutSeconds to wait longer",
+        )
+    return _Failure(False, what, "unexpected answer from the API server: check its logs")
+
+
+def _status_message(body: Any) -> str:
+    """The `message` of a Kubernetes Status body, else the body's first line."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if not body:
+        return ""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        status = None
+    if isinstance(status, dict) and isinstance(status.get("message"), str):
+        return str(status["message"])
+    return str(body).strip().splitlines()[0][:200] if str(body).strip() else ""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _reason(exc: BaseException) -> str:
+    """A one-line reason from a urllib3/socket error, without urllib3's object reprs."""
+    reason = getattr(exc, "reason", None) or exc
+    text = str(reason)
+    if "Connection refused" in text:
+        return "connection refused"
+    if "timed out" in text.lower():
+        return "timed out"
+    # urllib3 prefixes "<urllib3.connection.HTTPSConnection object at 0x...>: "
+    if ">: " in text:
+        text = text.split(">: ", 1)[1]
+    return " ".join(text.split())[:200]

