@@ -196,16 +196,21 @@ class ContainerProcess:
 
 
 class Mountpoints:
-    """Directories created on the host to mount onto, shared by concurrent runs.
+    """Directories on the host to mount onto, shared with concurrent runs and other tools.
 
     A mountpoint like /etc/inject must exist on the host for a bind mount in a private
-    mount namespace. The runs that need one count themselves in /run/elastic-local; the
-    last to leave removes the directories that a run created."""
+    mount namespace, and must stay there while any pod uses it: removing it on the host
+    (as another tool cleaning up its own would) detaches the mounts in every namespace. So
+    each run keeps a file `.elastic-local-keep-<pid>` in each mountpoint it created or found
+    empty (hidden under the bind mount, it makes rmdir fail), and the runs note in
+    /run/elastic-local which directories a run created. The last run to leave removes them."""
+
+    KEEP = ".elastic-local-keep-"
 
     def __init__(self) -> None:
         self.held: list[str] = []
 
-    def _update(self, fn: Callable[[dict[str, dict[str, object]]], None]) -> None:
+    def _update(self, fn: Callable[[dict[str, list[str]]], None]) -> None:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         with open(STATE_DIR / "mountpoints.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -220,43 +225,49 @@ class Mountpoints:
             tmp.replace(path)
 
     def ensure(self, target: str) -> None:
-        if target in self.held:
+        keeper = Path(target) / f"{self.KEEP}{os.getpid()}"
+        if target in self.held and keeper.exists():
             return
 
-        def add(state: dict[str, dict[str, object]]) -> None:
-            entry = state.setdefault(target, {"created": [], "users": []})
-            if not entry["created"] and not Path(target).is_dir():
-                created = []
-                p = Path(target)
-                while not p.exists():
-                    created.append(str(p))
-                    p = p.parent
-                Path(target).mkdir(parents=True, exist_ok=True)
-                entry["created"] = created  # deepest first
-            users = entry["users"]
-            assert isinstance(users, list)
-            users.append(os.getpid())
+        def add(state: dict[str, list[str]]) -> None:
+            created = []
+            p = Path(target)
+            while not p.exists():
+                created.append(str(p))
+                p = p.parent
+            Path(target).mkdir(parents=True, exist_ok=True)
+            if created:
+                state[target] = sorted(set(state.get(target, [])) | set(created), key=len)[::-1]
+            if target in state or not any(Path(target).iterdir()):
+                keeper.touch()
 
         self._update(add)
-        self.held.append(target)
+        if target not in self.held:
+            self.held.append(target)
 
     def release_all(self) -> None:
         if not self.held:
             return
 
-        def drop(state: dict[str, dict[str, object]]) -> None:
+        def drop(state: dict[str, list[str]]) -> None:
             for target in self.held:
-                entry = state.get(target)
-                if entry is None:
+                with contextlib.suppress(OSError):
+                    (Path(target) / f"{self.KEEP}{os.getpid()}").unlink()
+                d = Path(target)
+                others = []
+                with contextlib.suppress(OSError):
+                    for f in d.iterdir():
+                        if f.name.startswith(self.KEEP):
+                            pid = f.name[len(self.KEEP) :]
+                            if pid.isdigit() and _alive(int(pid)):
+                                others.append(f)
+                            else:
+                                f.unlink(missing_ok=True)  # left by a run that was killed
+                if others or target not in state:
                     continue
-                users = [u for u in entry["users"] if u != os.getpid() and _alive(u)]  # type: ignore[attr-defined]
-                entry["users"] = users
-                if users:
-                    continue
-                for d in entry["created"]:  # type: ignore[attr-defined]
+                for created in state.pop(target):  # deepest first
                     with contextlib.suppress(OSError):
-                        os.rmdir(d)
-                del state[target]
+                        os.rmdir(created)
 
         self._update(drop)
         self.held.clear()

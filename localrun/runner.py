@@ -339,9 +339,8 @@ class Runner:
         ps.node = pod.node
         if not pod.in_init:
             ps.exit_code = rc
-        if pod.in_init and rc == 0:
-            return
-        self.event(f"{pod.name}: {c.name} exited {rc}")
+        if pod.deleting:
+            self.event(f"{pod.name}: {c.name} exited {rc}")
 
     def _fire(self, f: Fault, now: float) -> None:
         assert self.cluster is not None and self.network is not None
