@@ -329,6 +329,7 @@ class Cluster:
                 if not pod.deleting:
                     self._start(pod, now)
                 return
+            pod.failures_in_row += 1
             self.hooks.event(f"{pod.name}: init container {c.name} exited {rc}")
         else:
             pod.last_exit = rc
@@ -560,21 +561,27 @@ class Cluster:
 
     # -- shutdown --------------------------------------------------------------------------
 
-    def stop_all(self, grace: float = 5.0) -> None:
-        """SIGTERM every container, SIGKILL what is left after `grace`, remove the pods."""
+    def stop_all(self, grace: float = 5.0) -> dict[str, int | None]:
+        """SIGTERM every container, SIGKILL what is left after `grace`, remove the pods.
+        Returns the exit code of each main container that was running."""
         running = [p for p in self.pods() if p.proc is not None]
+        codes: dict[str, int | None] = {}
         for p in running:
             p.proc.terminate()  # type: ignore[union-attr]
         deadline = time.monotonic() + grace
         for p in running:
             assert p.proc is not None
-            if p.proc.wait(max(0.0, deadline - time.monotonic())) is None:
+            rc = p.proc.wait(max(0.0, deadline - time.monotonic()))
+            if rc is None:
                 p.proc.kill()
-                p.proc.wait(5)
+                rc = p.proc.wait(5)
+            if not p.in_init:
+                codes[p.name] = rc
         for p in self.pods():
             p.deleting = True
             p.proc = None
             self._remove_quiet(p)
+        return codes
 
     def _remove_quiet(self, pod: Pod) -> None:
         self.network.remove_pod(pod.name)

@@ -22,6 +22,10 @@ class Fault:
     target: str = ""  # pod name, or worker group / StatefulSet name for SCALE
     duration: float | None = None  # PARTITION only: None keeps the link down
     replicas: int | None = None  # SCALE only
+    at_step: int | None = None  # fire when training reaches this step instead (`@step=N`)
+
+    def when(self) -> str:
+        return f"step {self.at_step}" if self.at_step is not None else f"{self.at:g}s"
 
     def describe(self) -> str:
         if self.kind is FaultKind.SCALE:
@@ -38,11 +42,19 @@ class FaultSyntaxError(ValueError):
 
 
 _SECONDS = r"(\d+(?:\.\d+)?)"
+_WHEN = r"(\d+(?:\.\d+)?|step=\d+)"
 _NAME = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?)"
-_POD_AT = re.compile(rf"^{_NAME}@{_SECONDS}$")
-_PARTITION = re.compile(rf"^{_NAME}@{_SECONDS}(?::{_SECONDS})?$")
-_SCALE = re.compile(rf"^{_NAME}=(\d+)@{_SECONDS}$")
-_AT = re.compile(rf"^@?{_SECONDS}$")
+_POD_AT = re.compile(rf"^{_NAME}@{_WHEN}$")
+_PARTITION = re.compile(rf"^{_NAME}@{_WHEN}(?::{_SECONDS})?$")
+_SCALE = re.compile(rf"^{_NAME}=(\d+)@{_WHEN}$")
+_AT = re.compile(rf"^@?{_WHEN}$")
+
+
+def _when(text: str) -> dict[str, float | int | None]:
+    """`12.5` (seconds after the start) or `step=N` (when training reaches step N)."""
+    if text.startswith("step="):
+        return {"at": 0.0, "at_step": int(text[5:])}
+    return {"at": float(text), "at_step": None}
 
 
 def parse_pod_fault(kind: FaultKind, text: str) -> Fault:
@@ -50,7 +62,7 @@ def parse_pod_fault(kind: FaultKind, text: str) -> Fault:
     m = _POD_AT.match(text.strip())
     if not m:
         raise FaultSyntaxError(f"--{kind.value} {text!r}: expected POD@SECONDS, e.g. demo-w-1@40")
-    return Fault(kind, float(m.group(3)), target=m.group(1))
+    return Fault(kind, target=m.group(1), **_when(m.group(3)))  # type: ignore[arg-type]
 
 
 def parse_partition(text: str) -> Fault:
@@ -61,7 +73,7 @@ def parse_partition(text: str) -> Fault:
             f"--partition {text!r}: expected POD@SECONDS[:DURATION], e.g. demo-w-1@40:20"
         )
     duration = float(m.group(4)) if m.group(4) is not None else None
-    return Fault(FaultKind.PARTITION, float(m.group(3)), target=m.group(1), duration=duration)
+    return Fault(FaultKind.PARTITION, target=m.group(1), duration=duration, **_when(m.group(3)))  # type: ignore[arg-type]
 
 
 def parse_scale(text: str) -> Fault:
@@ -69,7 +81,7 @@ def parse_scale(text: str) -> Fault:
     m = _SCALE.match(text.strip())
     if not m:
         raise FaultSyntaxError(f"--scale {text!r}: expected GROUP=N@SECONDS, e.g. workers=3@30")
-    return Fault(FaultKind.SCALE, float(m.group(4)), target=m.group(1), replicas=int(m.group(3)))
+    return Fault(FaultKind.SCALE, target=m.group(1), replicas=int(m.group(3)), **_when(m.group(4)))  # type: ignore[arg-type]
 
 
 def parse_restart_rendezvous(text: str) -> Fault:
@@ -77,7 +89,7 @@ def parse_restart_rendezvous(text: str) -> Fault:
     m = _AT.match(text.strip())
     if not m:
         raise FaultSyntaxError(f"--restart-rendezvous {text!r}: expected @SECONDS, e.g. @45")
-    return Fault(FaultKind.RESTART_RENDEZVOUS, float(m.group(1)))
+    return Fault(FaultKind.RESTART_RENDEZVOUS, **_when(m.group(1)))  # type: ignore[arg-type]
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
@@ -92,5 +104,5 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 
 def schedule(faults: list[Fault]) -> list[Fault]:
-    """Faults in the order they fire (stable for equal times)."""
-    return sorted(faults, key=lambda f: f.at)
+    """Faults in the order they fire (stable for equal times); step-triggered ones last."""
+    return sorted(faults, key=lambda f: (f.at_step is not None, f.at_step or 0, f.at))

@@ -93,14 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-_POD_DOWN = re.compile(r"^(.*@\d+(?:\.\d+)?):(\d+(?:\.\d+)?)$")
+_POD_DOWN = re.compile(r"^(.*@(?:step=)?\d+(?:\.\d+)?):(\d+(?:\.\d+)?)$")
 
 
 def _pod_fault(kind: FaultKind, text: str) -> Fault:
     m = _POD_DOWN.match(text.strip())
     base = parse_pod_fault(kind, m.group(1) if m else text)
     if m:
-        return Fault(kind, base.at, target=base.target, duration=float(m.group(2)))
+        return Fault(
+            kind, base.at, target=base.target, duration=float(m.group(2)), at_step=base.at_step
+        )
     return base
 
 

@@ -248,8 +248,16 @@ class Runner:
             self._check_signal()
             now = time.monotonic()
             self._drain()
-            while pending and self._rel(now) >= pending[0].at:
-                self._fire(pending.pop(0), now)
+            step = self.progress.state.step
+            for f in list(pending):
+                due = (
+                    step is not None and step >= f.at_step
+                    if f.at_step is not None
+                    else self._rel(now) >= f.at
+                )
+                if due:
+                    pending.remove(f)
+                    self._fire(f, now)
             for heal_at, pod in list(self._partitions):
                 if now >= heal_at:
                     self._partitions.remove((heal_at, pod))
@@ -311,7 +319,7 @@ class Runner:
             if st.step is None or ev.step > st.step:
                 st.step = ev.step
                 if not self.progress.live:
-                    self.event(f"step {ev.step} world size {ev.world_size} round {ev.restart}")
+                    self.event(f"step {ev.step} world size {ev.world_size} round {st.round}")
         elif ev.kind == "checkpoint":
             if st.checkpoint != ev.step:
                 self.event(f"checkpoint at step {ev.step}")
@@ -345,7 +353,7 @@ class Runner:
     def _fire(self, f: Fault, now: float) -> None:
         assert self.cluster is not None and self.network is not None
         desc = f.describe()
-        self.event(f"FAULT {desc}")
+        self.event(f"FAULT {desc} (at {f.when()})")
         self.summary.fault(self._rel(now), desc)
         if f.kind is FaultKind.SCALE:
             sts = self.cluster.find_set(f.target)
@@ -500,7 +508,8 @@ class Runner:
                 ps = self.summary.pods.setdefault(p.name, _pod_summary())
                 ps.restarts = p.restarts
             try:
-                self.cluster.stop_all(grace=3.0)
+                for name, rc in self.cluster.stop_all(grace=3.0).items():
+                    self.summary.pods.setdefault(name, _pod_summary()).exit_code = rc
             except Exception:  # cleanup goes on whatever failed
                 log.exception("stopping pods failed")
         self._drain_lines_only()

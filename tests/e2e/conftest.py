@@ -1,0 +1,178 @@
+"""Runs `elastic-local run` on the chart for the end-to-end scenarios and reads what it left.
+
+Each scenario shortens training and timeouts with --set so that the whole suite stays
+within about 15 minutes on 2 cores; faults fire at a training step (`@step=N`), not a
+wall-clock time, so a loaded machine shifts them with the training instead of missing it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE = "e2e"
+POD = f"{RELEASE}-elastic-job-default"  # worker pod names: POD-0, POD-1, ...
+ETCD_POD = f"{RELEASE}-etcd-rendezvous-0"
+
+
+def pod(n: int) -> str:
+    return f"{POD}-{n}"
+
+
+def _root_with_namespaces() -> str:
+    if os.geteuid() != 0:
+        return "needs root for network and mount namespaces"
+    for tool in ("ip", "unshare", "etcd"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed: run scripts/bootstrap"
+    return ""
+
+
+@pytest.fixture(autouse=True)
+def _needs_root() -> None:
+    reason = _root_with_namespaces()
+    if reason:
+        pytest.skip(reason)
+
+
+@dataclass
+class LocalRun:
+    rc: int
+    summary: dict[str, Any]
+    out: Path
+    stdout: str
+    seconds: float
+
+    def log(self, pod_name: str, container: str = "worker") -> str:
+        path = self.out / "logs" / pod_name / f"{container}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def events(self) -> str:
+        return (self.out / "events.log").read_text(errors="replace")
+
+    def steps_of(self, pod_name: str) -> list[int]:
+        return [int(n) for n in re.findall(r"^\[train\] step=(\d+)", self.log(pod_name), re.M)]
+
+    def describe(self) -> str:
+        """What a failed assertion should show: the summary and the runner's output tail."""
+        tail = "\n".join(self.stdout.splitlines()[-60:])
+        summary = json.dumps(self.summary, indent=1)
+        return f"rc={self.rc}\nsummary={summary}\n--- output tail ---\n{tail}"
+
+
+def train_command(steps: int, every: int, step_seconds: float) -> str:
+    args = [
+        "python",
+        "/opt/elastic-worker/examples/train.py",
+        "--steps",
+        str(steps),
+        "--checkpoint-every",
+        str(every),
+        "--step-seconds",
+        str(step_seconds),
+    ]
+    return "job.command={" + ",".join(args) + "}"
+
+
+def run_local(
+    tmp_path: Path,
+    *args: str,
+    steps: int = 30,
+    every: int = 5,
+    step_seconds: float = 0.5,
+    sets: Iterable[str] = (),
+    timeout: float = 300,
+) -> LocalRun:
+    """One `elastic-local run` of values-examples/cpu-smoke.yaml with the given extra args."""
+    out = tmp_path / "out"
+    summary_path = tmp_path / "summary.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "localrun.main",
+        "run",
+        "--chart",
+        str(ROOT / "charts" / "elastic-job"),
+        "-f",
+        str(ROOT / "values-examples" / "cpu-smoke.yaml"),
+        "--release",
+        RELEASE,
+        "--set",
+        train_command(steps, every, step_seconds),
+        "--output",
+        str(out),
+        "--json",
+        str(summary_path),
+        "--timeout",
+        str(timeout),
+        "--plain",
+    ]
+    for s in sets:
+        cmd += ["--set", s]
+    cmd += list(args)
+    start = time.monotonic()
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 120, check=False
+    )
+    seconds = time.monotonic() - start
+    stdout = proc.stdout + proc.stderr
+    (tmp_path / "runner-output.txt").write_text(stdout)
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    return LocalRun(proc.returncode, summary, out, stdout, seconds)
+
+
+def assert_nothing_lost(run: LocalRun, final_step: int) -> None:
+    """The run completed at its final step and never resumed before its last checkpoint."""
+    s = run.summary
+    assert s.get("completed") is True, run.describe()
+    assert s["final_step"] == final_step, run.describe()
+    assert s["steps_went_back_past_checkpoint"] is False, run.describe()
+    assert s["etcd_complete"] in (True, None), run.describe()
+    ckpts = s["checkpoint_steps"]
+    for r in s["reforms"]:
+        if r["resumed_step"] is None:
+            continue
+        before = [c for c in ckpts if c <= r["resumed_step"]]
+        assert r["resumed_step"] in ckpts or not before or r["resumed_step"] >= max(before), r
+    # every worker log that trained shows steps increasing, except right after a resume
+    logs = sorted((run.out / "logs").glob(f"{POD}-*/worker.log"))
+    assert logs, "no worker logs"
+    assert any(f"[train] done step={final_step}" in p.read_text() for p in logs), run.describe()
+
+
+def assert_cleaned_up(run: LocalRun) -> None:
+    """No namespace, link or /etc/netns entry of this run is left."""
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False)
+    bridge = re.search(r"bridge (e\d+)br", run.stdout)
+    assert bridge, run.describe()
+    prefix = bridge.group(1)
+    assert f"el-{prefix}-" not in netns.stdout
+    assert f"{prefix}br" not in links.stdout and f"{prefix}v" not in links.stdout
+    assert (
+        not list(Path("/etc/netns").glob(f"el-{prefix}-*")) if Path("/etc/netns").exists() else True
+    )
+
+
+def reform(run: LocalRun, cause_prefix: str) -> dict[str, Any]:
+    found = [r for r in run.summary["reforms"] if r["cause"].startswith(cause_prefix)]
+    assert found, f"no re-form caused by {cause_prefix!r}\n{run.describe()}"
+    return found[0]
+
+
+def in_order(seq: list[int], want: list[int]) -> bool:
+    """`want` is a subsequence of `seq`."""
+    it = iter(seq)
+    return all(any(x == w for x in it) for w in want)
