@@ -7,6 +7,8 @@ so a case rendered by several tests costs one `helm template`.
 from __future__ import annotations
 
 import functools
+import importlib.resources
+import json
 import os
 import re
 import subprocess
@@ -15,7 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+import kubernetes_validate.utils as kvu
 import yaml
+from referencing import Registry, Resource
 
 ROOT = Path(__file__).resolve().parents[2]
 CHARTS = ROOT / "charts"
@@ -88,6 +93,7 @@ def helm_run(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def _template(
     helm: Path,
     chart: Path,
+    *,
     values: tuple[Path, ...],
     sets: tuple[str, ...],
     release: str,
@@ -118,7 +124,13 @@ def render(
         sets = (*chart.sets, *sets)
         chart = chart.chart
     proc = _template(
-        Path(helm), chart, tuple(values), tuple(sets), release, namespace, tuple(extra)
+        Path(helm),
+        chart,
+        values=tuple(values),
+        sets=tuple(sets),
+        release=release,
+        namespace=namespace,
+        extra=tuple(extra),
     )
     if proc.returncode != 0:
         raise RenderError(proc.returncode, proc.stderr)
@@ -211,13 +223,6 @@ def _k8s_validator(version: str, kind: str, api_version: str) -> Any:
     The same files and validator class as `kubernetes_validate.validate(..., strict=True)`,
     which re-reads its 20 MB definitions file on every call; this keeps the suite fast.
     """
-    import importlib.resources
-    import json
-
-    import jsonschema
-    import kubernetes_validate.utils as kvu
-    from referencing import Registry, Resource
-
     versions = [v for v in kvu.all_versions() if kvu.major_minor(v) <= version]
     schema_dir = f"v{versions[-1]}-local-strict"
     api = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)

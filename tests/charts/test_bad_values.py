@@ -38,7 +38,12 @@ def _named(path: str) -> re.Pattern[str]:
 
 CASES = [
     Bad("minNodes-zero", "job.minNodes", ("job.minNodes=0",)),
-    Bad("min-above-max", "job.minNodes", ("job.minNodes=3", "job.maxNodes=2"), also=("job.maxNodes",)),
+    Bad(
+        "min-above-max",
+        "job.minNodes",
+        ("job.minNodes=3", "job.maxNodes=2"),
+        also=("job.maxNodes",),
+    ),
     Bad("maxNodes-zero", "job.maxNodes", ("job.maxNodes=0",)),
     Bad("nprocPerNode-zero", "job.nprocPerNode", ("job.nprocPerNode=0",)),
     Bad("command-empty", "job.command", values="job:\n  command: []\n"),
@@ -50,16 +55,34 @@ CASES = [
         also=("replicas",),
     ),
     Bad("no-worker-group", "workerGroups", values="workerGroups:\n  default: null\n"),
-    Bad("group-name-not-dns", "workerGroups", ("workerGroups.Bad_Name.replicas=1",), also=("Bad_Name",)),
-    Bad("group-without-replicas", "workerGroups.extra", ("workerGroups.extra.gpus=1",), also=("replicas",)),
+    Bad(
+        "group-name-not-dns",
+        "workerGroups",
+        ("workerGroups.Bad_Name.replicas=1",),
+        also=("Bad_Name",),
+    ),
+    Bad(
+        "group-without-replicas",
+        "workerGroups.extra",
+        ("workerGroups.extra.gpus=1",),
+        also=("replicas",),
+    ),
     Bad(
         "group-names-collide-at-52",
         "workerGroups.x1",
-        ("fullnameOverride=" + "f" * 50, "workerGroups.x1.replicas=1", "workerGroups.x2.replicas=1"),
+        (
+            "fullnameOverride=" + "f" * 50,
+            "workerGroups.x1.replicas=1",
+            "workerGroups.x2.replicas=1",
+        ),
         also=("workerGroups.x2", "52"),
     ),
     Bad("worker-tag-latest", "worker.image.tag", ("worker.image.tag=latest",)),
-    Bad("init-pull-policy", "initTopology.image.pullPolicy", ("initTopology.image.pullPolicy=Sometimes",)),
+    Bad(
+        "init-pull-policy",
+        "initTopology.image.pullPolicy",
+        ("initTopology.image.pullPolicy=Sometimes",),
+    ),
     Bad(
         "shm-above-memory-limit",
         "worker.shmSizeLimit",
@@ -73,26 +96,50 @@ CASES = [
     ),
     Bad("more-processes-than-gpus", "job.nprocPerNode", ("worker.gpus=2", "job.nprocPerNode=4")),
     Bad("negative-gpus", "worker.gpus", ("worker.gpus=-1",)),
-    Bad("grace-period-zero", "worker.terminationGracePeriodSeconds", ("worker.terminationGracePeriodSeconds=0",)),
+    Bad(
+        "grace-period-zero",
+        "worker.terminationGracePeriodSeconds",
+        ("worker.terminationGracePeriodSeconds=0",),
+    ),
     Bad("checkpoint-without-claim", "checkpoint.existingClaim", ("checkpoint.enabled=true",)),
     Bad("checkpoint-relative-path", "checkpoint.mountPath", ("checkpoint.mountPath=ckpt",)),
     Bad("no-rendezvous-at-all", "rendezvous.endpoint", ("etcd-rendezvous.enabled=false",)),
-    Bad("endpoint-and-bundled-etcd", "rendezvous.endpoint", ("rendezvous.endpoint=etcd.example:2379",)),
+    Bad(
+        "endpoint-and-bundled-etcd",
+        "rendezvous.endpoint",
+        ("rendezvous.endpoint=etcd.example:2379",),
+    ),
     Bad(
         "endpoint-without-port",
         "rendezvous.endpoint",
         ("etcd-rendezvous.enabled=false", "rendezvous.endpoint=http://etcd.example"),
     ),
-    Bad("last-call-not-below-join", "rendezvous.lastCallTimeout", ("rendezvous.lastCallTimeout=600",)),
+    Bad(
+        "last-call-not-below-join",
+        "rendezvous.lastCallTimeout",
+        ("rendezvous.lastCallTimeout=600",),
+    ),
     Bad("last-call-not-integer", "rendezvous.lastCallTimeout", ("rendezvous.lastCallTimeout=1.5",)),
-    Bad("keep-alive-attempts-zero", "rendezvous.keepAliveMaxAttempt", ("rendezvous.keepAliveMaxAttempt=0",)),
+    Bad(
+        "keep-alive-attempts-zero",
+        "rendezvous.keepAliveMaxAttempt",
+        ("rendezvous.keepAliveMaxAttempt=0",),
+    ),
     Bad("monitor-interval-zero", "rendezvous.monitorInterval", ("rendezvous.monitorInterval=0",)),
     Bad("max-restarts-negative", "rendezvous.maxRestarts", ("rendezvous.maxRestarts=-1",)),
-    Bad("extra-conf-overrides-chart", "rendezvous.extraConf.join_timeout", ("rendezvous.extraConf.join_timeout=5",)),
+    Bad(
+        "extra-conf-overrides-chart",
+        "rendezvous.extraConf.join_timeout",
+        ("rendezvous.extraConf.join_timeout=5",),
+    ),
     Bad(
         "tls-without-ca",
         "rendezvous.tls.caSecret",
-        ("rendezvous.tls.enabled=true", "etcd-rendezvous.tls.enabled=true", "etcd-rendezvous.tls.existingSecret=etcd-tls"),
+        (
+            "rendezvous.tls.enabled=true",
+            "etcd-rendezvous.tls.enabled=true",
+            "etcd-rendezvous.tls.existingSecret=etcd-tls",
+        ),
     ),
     Bad(
         "tls-on-one-end-only",
@@ -100,25 +147,67 @@ CASES = [
         ("rendezvous.tls.enabled=true", "rendezvous.tls.caSecret=ca"),
         also=("etcd-rendezvous.tls.enabled",),
     ),
-    Bad("client-cert-without-tls", "rendezvous.tls.clientCertSecret", ("rendezvous.tls.clientCertSecret=c",)),
-    Bad("env-sets-chart-variable", "worker.env.ELASTIC_JOB_ID", ("worker.env.ELASTIC_JOB_ID=mine",)),
-    Bad("group-env-sets-chart-variable", "workerGroups.default.env.POD_IP", ("workerGroups.default.env.POD_IP=1.2.3.4",)),
-    Bad("env-name-invalid", "worker.env", values="worker:\n  env:\n    bad-name: x\n", also=("bad-name",)),
-    Bad("label-map-lowercase-variable", "topology.labelMap", ("topology.labelMap.lower={a}",), also=("lower",)),
-    Bad("mesh-required-without-interfaces", "mesh.interfaces", ("mesh.required=true", "mesh.interfaces=")),
-    Bad("gang-without-queue", "gang.volcano.queue", ("gang.volcano.enabled=true", "gang.volcano.queue=")),
+    Bad(
+        "client-cert-without-tls",
+        "rendezvous.tls.clientCertSecret",
+        ("rendezvous.tls.clientCertSecret=c",),
+    ),
+    Bad(
+        "env-sets-chart-variable", "worker.env.ELASTIC_JOB_ID", ("worker.env.ELASTIC_JOB_ID=mine",)
+    ),
+    Bad(
+        "group-env-sets-chart-variable",
+        "workerGroups.default.env.POD_IP",
+        ("workerGroups.default.env.POD_IP=1.2.3.4",),
+    ),
+    Bad(
+        "env-name-invalid",
+        "worker.env",
+        values="worker:\n  env:\n    bad-name: x\n",
+        also=("bad-name",),
+    ),
+    Bad(
+        "label-map-lowercase-variable",
+        "topology.labelMap",
+        ("topology.labelMap.lower={a}",),
+        also=("lower",),
+    ),
+    Bad(
+        "mesh-required-without-interfaces",
+        "mesh.interfaces",
+        ("mesh.required=true", "mesh.interfaces="),
+    ),
+    Bad(
+        "gang-without-queue",
+        "gang.volcano.queue",
+        ("gang.volcano.enabled=true", "gang.volcano.queue="),
+    ),
     Bad("unknown-top-level-key", "jobs", ("jobs.minNodes=2",)),
     Bad("typo-nested-key", "worker.resource", ("worker.resource.limits.cpu=1",)),
     Bad("fullname-not-dns", "fullnameOverride", ("fullnameOverride=Bad_Name",)),
-    Bad("etcd-3.6-via-parent", "image.tag", ("etcd-rendezvous.image.tag=v3.6.1",), also=("v2 API",)),
-    Bad("etcd-unknown-key-via-parent", "etcd-rendezvous", ("etcd-rendezvous.bogus=1",), also=("bogus",)),
+    Bad(
+        "etcd-3.6-via-parent", "image.tag", ("etcd-rendezvous.image.tag=v3.6.1",), also=("v2 API",)
+    ),
+    Bad(
+        "etcd-unknown-key-via-parent",
+        "etcd-rendezvous",
+        ("etcd-rendezvous.bogus=1",),
+        also=("bogus",),
+    ),
     # The etcd-rendezvous chart on its own.
     Bad("etcd-3.6", "image.tag", ("image.tag=v3.6.0",), chart=ETCD, also=("3.6", "v2 API")),
     Bad("etcd-4.0", "image.tag", ("image.tag=v4.0.0",), chart=ETCD, also=("v2 API",)),
-    Bad("etcd-older-than-3.5.11", "image.tag", ("image.tag=v3.5.10",), chart=ETCD, also=("3.5.11",)),
+    Bad(
+        "etcd-older-than-3.5.11", "image.tag", ("image.tag=v3.5.10",), chart=ETCD, also=("3.5.11",)
+    ),
     Bad("etcd-tag-latest", "image.tag", ("image.tag=latest",), chart=ETCD),
     Bad("etcd-tls-without-secret", "tls.existingSecret", ("tls.enabled=true",), chart=ETCD),
-    Bad("etcd-client-auth-without-tls", "tls.clientCertAuth", ("tls.clientCertAuth=true",), chart=ETCD),
+    Bad(
+        "etcd-client-auth-without-tls",
+        "tls.clientCertAuth",
+        ("tls.clientCertAuth=true",),
+        chart=ETCD,
+    ),
     Bad("etcd-extra-flag-not-a-flag", "etcd.extraFlags", ("etcd.extraFlags={oops}",), chart=ETCD),
     Bad("etcd-size-not-a-quantity", "persistence.size", ("persistence.size=lots",), chart=ETCD),
 ]

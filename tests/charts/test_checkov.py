@@ -22,8 +22,7 @@ def checkov_report(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
         name = case.name.replace(":", "_").replace("/", "_")
         (out / f"{index:02d}-{name}.yaml").write_text(render(case))
     proc = subprocess.run(
-        [CHECKOV, "-d", out, "--framework", "kubernetes", "--output", "json",
-         "--skip-download"],
+        [CHECKOV, "-d", out, "--framework", "kubernetes", "--output", "json", "--skip-download"],
         capture_output=True,
         text=True,
         timeout=600,

@@ -105,7 +105,9 @@ def test_crd_objects_validate_against_upstream_crd_schemas() -> None:
                 continue
             group, version = obj["apiVersion"].split("/")
             schema = schemas.get((group, version, obj["kind"]))
-            assert schema is not None, f"no CRD in ../shared/crds for {obj['apiVersion']} {obj['kind']}"
+            assert schema is not None, (
+                f"no CRD in ../shared/crds for {obj['apiVersion']} {obj['kind']}"
+            )
             jsonschema.validate(obj, _strict(_metadata_free(schema)))
             checked.append(f"{case}: {obj['kind']}")
     assert any("ci/gang-values.yaml: PodGroup" in c for c in checked), checked

@@ -107,7 +107,7 @@ controller-revision-hash label adds "-<10 character hash>" and labels stop at 63
 {{- define "elastic-job.rdzvEndpoint" -}}
 {{- if include "elastic-job.etcdEnabled" . -}}
 {{- $etcd := index .Values "etcd-rendezvous" | default dict -}}
-{{- $domain := $etcd.clusterDomain | default .Values.clusterDomain -}}
+{{- $domain := $etcd.clusterDomain | default ((.Values.global | default dict).clusterDomain) | default "cluster.local" -}}
 {{- printf "%s.%s.svc.%s:2379" (include "elastic-job.etcdFullname" .) .Release.Namespace $domain -}}
 {{- else -}}
 {{- .Values.rendezvous.endpoint -}}

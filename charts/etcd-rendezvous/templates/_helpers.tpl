@@ -43,8 +43,12 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ include "etcd-rendezvous.chart" . | quote }}
 {{- end -}}
 
+{{- define "etcd-rendezvous.clusterDomain" -}}
+{{- .Values.clusterDomain | default ((.Values.global | default dict).clusterDomain) | default "cluster.local" -}}
+{{- end -}}
+
 {{- define "etcd-rendezvous.clientHost" -}}
-{{- printf "%s.%s.svc.%s" (include "etcd-rendezvous.fullname" .) .Release.Namespace .Values.clusterDomain -}}
+{{- printf "%s.%s.svc.%s" (include "etcd-rendezvous.fullname" .) .Release.Namespace (include "etcd-rendezvous.clusterDomain" .) -}}
 {{- end -}}
 
 {{- define "etcd-rendezvous.scheme" -}}
