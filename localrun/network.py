@@ -19,7 +19,9 @@ import fcntl
 import ipaddress
 import logging
 import os
+import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -160,6 +162,50 @@ def pick_subnet(used: Iterable[ipaddress.IPv4Network], seed: int) -> ipaddress.I
     raise NetworkError("no free /24 left in 198.18.0.0/15")
 
 
+_OWNED = re.compile(r"^(?:el-)?e(\d+)(?:br|v\d+|-.*)$")
+
+
+def _owner_gone(name: str) -> bool:
+    """A name this tool gives (`el-e<pid>-...`, `e<pid>br`, `e<pid>v<n>`) whose run is dead."""
+    m = _OWNED.match(name)
+    if not m:
+        return False
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def remove_stale() -> None:
+    """Remove what runs that were SIGKILLed left behind: their namespaces (and processes in
+    them), links and /etc/netns entries. Only names of this tool whose run is gone."""
+    for line in run_ip("netns", "list", check=False).stdout.splitlines():
+        ns = line.split()[0] if line.split() else ""
+        if not ns.startswith("el-e") or not _owner_gone(ns):
+            continue
+        pids = run_ip("netns", "pids", ns, check=False).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        run_ip("netns", "del", ns, check=False)
+        shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+        log.warning("removed network namespace %s left by a run that was killed", ns)
+    for line in run_ip("-o", "link", "show", check=False).stdout.splitlines():
+        parts = line.split(":")
+        if len(parts) < 2:
+            continue
+        name = parts[1].strip().split("@")[0]
+        if _owner_gone(name):
+            run_ip("link", "del", name, check=False)
+    if NETNS_ETC.is_dir():
+        for d in NETNS_ETC.iterdir():
+            if d.name.startswith("el-e") and _owner_gone(d.name):
+                shutil.rmtree(d, ignore_errors=True)
+
+
 @dataclass
 class PodNet:
     name: str  # pod name
@@ -191,6 +237,7 @@ class Network:
 
     def setup(self) -> None:
         with _state_lock():
+            remove_stale()
             self.subnet = pick_subnet(used_ipv4_networks(), os.getpid())
             self.host_ip = str(self.subnet.network_address + 1)
             run_ip("link", "add", self.bridge, "type", "bridge")

@@ -13,6 +13,7 @@ PID 1 takes every process of the container with it, whatever sessions they made.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import json
 import logging
@@ -79,6 +80,16 @@ def container_argv(
     return [*netns_prefix, *unshare, "sh", "-c", script, "sh", *argv]
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the runner dies, even by SIGKILL. `unshare
+    --kill-child` passes it on to the container's PID 1, which takes the rest with it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def exit_code(returncode: int) -> int:
     """Popen's code as Kubernetes reports it: killed by signal N -> 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -130,6 +141,7 @@ class ContainerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks taken
         )
         self._on_line = on_line
         self._reader = threading.Thread(

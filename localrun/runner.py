@@ -90,7 +90,8 @@ class Runner:
         self.network: Network | None = None
         self.cluster: Cluster | None = None
         self.mountpoints = Mountpoints()
-        self.workdir = Path(tempfile.mkdtemp(prefix="elastic-local-"))
+        _remove_stale_workdirs()
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"elastic-local-e{os.getpid()}-"))
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.outdir = cfg.output or ROOT / "out" / "elastic-local" / f"{stamp}-{os.getpid()}"
 
@@ -564,6 +565,20 @@ class Runner:
             out.write(f"error:        {d['error']}\n")
         out.write(f"logs:         {self.outdir}\n")
         out.flush()
+
+
+def _remove_stale_workdirs() -> None:
+    """Temporary directories of runs that were SIGKILLed (their pid is gone)."""
+    for d in Path(tempfile.gettempdir()).glob("elastic-local-e*-*"):
+        pid = d.name.split("-")[2][1:]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:
+            continue
 
 
 def _pod_summary() -> PodSummary:

@@ -123,11 +123,17 @@ def run_local(
         cmd += ["--set", s]
     cmd += list(args)
     start = time.monotonic()
-    proc = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 120, check=False
+    # SIGTERM, never SIGKILL, when the test is stopped: the runner then cleans up.
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    try:
+        stdout, _ = proc.communicate(timeout=timeout + 120)
+    except BaseException:
+        proc.terminate()
+        proc.communicate(timeout=60)
+        raise
     seconds = time.monotonic() - start
-    stdout = proc.stdout + proc.stderr
     (tmp_path / "runner-output.txt").write_text(stdout)
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     return LocalRun(proc.returncode, summary, out, stdout, seconds)
