@@ -12,7 +12,6 @@ sh. If the chart and the image drift apart (names, paths, env, RBAC fix text), t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -20,7 +19,6 @@ import shutil
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,24 +40,44 @@ pytestmark = pytest.mark.skipif(
 
 # Runs inside `unshare --mount --propagation private`: mounts as the kubelet does, then
 # drops to the pod's user and execs the container's command with exactly its env.
+#
+# Mount targets are never created on the host (the local runner's tests mount at the same
+# paths at the same time): the top directory of each (/etc, /run) is covered, in this
+# namespace only, by an overlay whose upper layer is a tmpfs, and the target made there.
 # Where this machine's interpreter lives in a directory the pod's user cannot enter (pyenv
-# under /root), that directory is replaced, in this namespace only, by a tmpfs holding just
-# the interpreter's prefix: the image has its Python in /usr/local.
+# under /root), that directory is likewise replaced by a tmpfs holding just the
+# interpreter's prefix: the image has its Python in /usr/local.
 MOUNT_AND_EXEC = r"""
 set -eu
-sa=$1 inject=$2 inject_at=$3 readonly_root=$4 uid=$5 gid=$6 groups=$7 locked=$8 prefix=$9
-stash=${10}
-shift 10
+sa=$1 sa_at=$2 inject=$3 inject_at=$4 readonly_root=$5 uid=$6 gid=$7 groups=$8
+locked=$9 prefix=${10} scratch=${11}
+shift 11
+mount -t tmpfs -o mode=0700 tmpfs "$scratch"
+overlaid=
+for target in "$sa_at" "$inject_at"; do
+  top=/$(printf %s "$target" | cut -d/ -f2)
+  case " $overlaid " in *" $top "*) ;; *)
+    up=$scratch/upper$top work=$scratch/work$top
+    mkdir -p "$up" "$work"
+    mount -t overlay overlay -o "lowerdir=$top,upperdir=$up,workdir=$work" "$top"
+    overlaid="$overlaid $top" ;;
+  esac
+  mkdir -p "$target"
+done
 if [ "$locked" != - ]; then
-  mount --bind "$prefix" "$stash"
+  mkdir "$scratch/interpreter"
+  mount --bind "$prefix" "$scratch/interpreter"
   mount -t tmpfs -o mode=0755 tmpfs "$locked"
   mkdir -p "$prefix"
-  mount --move "$stash" "$prefix"
+  mount --move "$scratch/interpreter" "$prefix"
 fi
-mount --bind "$sa" /var/run/secrets/kubernetes.io/serviceaccount
-mount -o remount,bind,ro /var/run/secrets/kubernetes.io/serviceaccount
+mount --bind "$sa" "$sa_at"
+mount -o remount,bind,ro "$sa_at"
 mount --bind "$inject" "$inject_at"
-if [ "$readonly_root" = true ]; then mount -o remount,bind,ro /; fi
+if [ "$readonly_root" = true ]; then
+  mount -o remount,bind,ro /
+  for top in $overlaid; do mount -o remount,ro "$top"; done
+fi
 exec setpriv --reuid="$uid" --regid="$gid" --groups="$groups" --no-new-privs -- "$@"
 """
 
@@ -131,25 +149,6 @@ def resolve_env(
     return env
 
 
-@pytest.fixture
-def mountpoints() -> Iterator[None]:
-    """The mount targets must exist; create the missing ones, remove only those afterwards."""
-    created: list[Path] = []
-    for target in (SERVICEACCOUNT_MOUNT, Path("/etc/inject")):
-        missing = []
-        path = target
-        while not path.exists():
-            missing.append(path)
-            path = path.parent
-        for path in reversed(missing):
-            path.mkdir()
-            created.append(path)
-    yield
-    for path in reversed(created):
-        with contextlib.suppress(OSError):  # someone else's mount or file is in it: leave it
-            path.rmdir()
-
-
 def run_init_container(
     helm: Path, repo_root: Path, tmp_path: Path, *helm_args: str, fault: int | None = None
 ) -> tuple[subprocess.CompletedProcess[str], Path, dict[str, Any], dict[str, str]]:
@@ -172,8 +171,8 @@ def run_init_container(
     inject = tmp_path / "inject-volume"
     inject.mkdir()
     inject.chmod(0o777)  # the kubelet creates emptyDirs world-writable
-    stash = tmp_path / "stash"
-    stash.mkdir()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
 
     pod_sc = spec.get("securityContext") or {}
     sc = init.get("securityContext") or {}
@@ -207,9 +206,10 @@ def run_init_container(
         argv = [
             "unshare", "--mount", "--propagation", "private",
             "sh", "-c", MOUNT_AND_EXEC, "sh",
-            str(api.serviceaccount_dir), str(inject), mount["mountPath"],
+            str(api.serviceaccount_dir), str(SERVICEACCOUNT_MOUNT.resolve()),
+            str(inject), str(Path(mount["mountPath"]).resolve()),
             "true" if readonly_root else "false", str(uid), str(gid), groups,
-            *locked_interpreter_dir(), str(stash),
+            *locked_interpreter_dir(), str(scratch),
             "env", "-i", *(f"{k}={v}" for k, v in container_env.items()),
             resolved, *command[1:],
         ]  # fmt: skip
@@ -218,7 +218,6 @@ def run_init_container(
     return done, output, sts, env
 
 
-@pytest.mark.usefixtures("mountpoints")
 def test_rendered_init_container_writes_the_file_the_worker_reads(
     helm: Path, repo_root: Path, tmp_path: Path
 ) -> None:
@@ -243,7 +242,6 @@ def test_rendered_init_container_writes_the_file_the_worker_reads(
     assert Path(env["TOPOLOGY_OUTPUT"]).parent == Path(wmount["mountPath"])
 
 
-@pytest.mark.usefixtures("mountpoints")
 def test_worker_env_set_by_the_user_gets_no_default(
     helm: Path, repo_root: Path, tmp_path: Path
 ) -> None:
@@ -255,7 +253,6 @@ def test_worker_env_set_by_the_user_gets_no_default(
     assert "NCCL_IB_DISABLE" not in read_env_file(output)
 
 
-@pytest.mark.usefixtures("mountpoints")
 def test_strict_chart_value_fails_the_init_container_on_403(
     helm: Path, repo_root: Path, tmp_path: Path
 ) -> None:
@@ -269,7 +266,6 @@ def test_strict_chart_value_fails_the_init_container_on_403(
     assert not output.exists()
 
 
-@pytest.mark.usefixtures("mountpoints")
 def test_label_map_from_values_reaches_the_file(
     helm: Path, repo_root: Path, tmp_path: Path
 ) -> None:

@@ -6,8 +6,8 @@ retries with jittered exponential backoff, all inside one time budget
 5xx) are retried; permanent ones (401, 403, 404, other 4xx, TLS verification) end at once.
 Every failure ends in NodeUnavailable with a cause and a fix a person can act on.
 
-The client is imported here, when used (its import is most of this program's run time),
-and `api_factory` lets tests inject another.
+The client is imported when used, and lean (see k8s.py: its full import is most of this
+program's run time); `api_factory` lets tests inject another.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from init_topology import k8s
 from init_topology.config import Config
 
 log = logging.getLogger(__name__)
@@ -108,15 +109,13 @@ def _core_api(config: Config) -> Any:
                 "mount the token: leave automountServiceAccountToken on for the worker pods "
                 "(the chart's service account)",
             )
-    from kubernetes import client  # noqa: PLC0415 - slow import, only when the API is used
-    from kubernetes.config.incluster_config import InClusterConfigLoader  # noqa: PLC0415
-
+    client = k8s.load()
     configuration = client.Configuration()
     environ = {
         "KUBERNETES_SERVICE_HOST": config.api_host,
         "KUBERNETES_SERVICE_PORT": config.api_port,
     }
-    InClusterConfigLoader(
+    client.InClusterConfigLoader(
         str(token), str(ca), try_refresh_token=False, environ=environ
     ).load_and_set(configuration)
     # Retries are ours (bounded by the budget); urllib3's own would multiply them.
@@ -125,8 +124,9 @@ def _core_api(config: Config) -> Any:
 
 
 def _attempt(api: Any, config: Config, timeout: tuple[float, float]) -> NodeObject | _Failure:
-    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
-    from urllib3 import exceptions as u3  # noqa: PLC0415
+    from urllib3 import exceptions as u3  # noqa: PLC0415 - loaded with the client
+
+    ApiException = k8s.load().ApiException
 
     server = f"{config.api_host}:{config.api_port}"
     try:
