@@ -6,7 +6,7 @@ import re
 import subprocess
 
 import pytest
-from chart_render import CHARTS, HELM3, HELM4, Case, cases, helm_run, load
+from chart_render import CHARTS, HELM3, HELM4, Case, cases, helm_run, load, render
 
 CASES = cases()
 
@@ -100,3 +100,27 @@ def test_helm_binaries_are_helm3_and_helm4() -> None:
     assert v3.stdout.startswith("v3.")
     assert int(v3.stdout.split(".")[1]) >= 17
     assert v4.stdout.startswith("v4.")
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [[], ["fullnameOverride=" + "f" * 63, "etcd-rendezvous.fullnameOverride=" + "e" * 63]],
+    ids=["long-release", "long-fullname-overrides"],
+)
+def test_names_stay_within_kubernetes_limits(sets: list[str]) -> None:
+    """A 53-character release (Helm's maximum) or 63-character overrides: DNS-label objects
+    (Services, StatefulSets, Pods) stay within 63, StatefulSets within 52, labels within 63."""
+    release = "r" * 53
+    objs = load(render(CHARTS / "elastic-job", release=release, sets=sets))
+    for obj in objs:
+        name = obj["metadata"]["name"]
+        if obj["kind"] in ("Service", "Pod", "StatefulSet", "NetworkPolicy", "ServiceAccount"):
+            assert len(name) <= 63, name
+            assert not name.endswith("-"), name
+        if obj["kind"] == "StatefulSet":
+            assert len(name) <= 52, name
+        labels = {**obj["metadata"].get("labels", {})}
+        if obj["kind"] == "StatefulSet":
+            labels.update(obj["spec"]["template"]["metadata"]["labels"])
+        for value in labels.values():
+            assert len(value) <= 63, value

@@ -19,6 +19,11 @@ StatefulSet name: the full name cut to 52 characters, because the controller add
 {{- include "etcd-rendezvous.fullname" . | trunc 52 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The headless Service: "<fullname>-headless", the full name cut so it stays within 63. */}}
+{{- define "etcd-rendezvous.headlessName" -}}
+{{- printf "%s-headless" (include "etcd-rendezvous.fullname" . | trunc 54 | trimSuffix "-") -}}
+{{- end -}}
+
 {{/* The member name: the pod name of the single replica. */}}
 {{- define "etcd-rendezvous.memberName" -}}
 {{- printf "%s-0" (include "etcd-rendezvous.statefulsetName" .) -}}

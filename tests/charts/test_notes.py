@@ -1,0 +1,34 @@
+"""templates/NOTES.txt of both charts: what was created, how to watch it, how to stop it."""
+
+from __future__ import annotations
+
+from chart_render import ELASTIC_JOB, ETCD, HELM4, NAMESPACE, RELEASE, helm_run
+
+
+def _notes(chart, *sets: str) -> str:
+    args = ["install", RELEASE, str(chart), "--dry-run=client", "--namespace", NAMESPACE]
+    for item in sets:
+        args += ["--set", item]
+    proc = helm_run(HELM4, *args)  # Helm 3 contacts a cluster even with --dry-run=client
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split("NOTES:", 1)[1]
+
+
+def test_elastic_job_notes_name_the_objects_and_commands() -> None:
+    """StatefulSets, rendezvous endpoint, kubectl watch/logs, scale to 0, uninstall."""
+    notes = _notes(ELASTIC_JOB, "gang.volcano.enabled=true")
+    assert f"{RELEASE}-elastic-job-default" in notes
+    assert f"{RELEASE}-etcd-rendezvous.{NAMESPACE}.svc.cluster.local:2379" in notes
+    assert f"kubectl -n {NAMESPACE} get pods -l app.kubernetes.io/instance={RELEASE}" in notes
+    assert f"statefulset/{RELEASE}-elastic-job-default --replicas=0" in notes
+    assert f"helm -n {NAMESPACE} uninstall {RELEASE}" in notes
+    assert "PodGroup" in notes
+    assert f"helm -n {NAMESPACE} test {RELEASE}" in notes
+
+
+def test_etcd_rendezvous_notes_name_the_endpoint_and_policy() -> None:
+    """Client endpoint, member pod, and who may connect when the NetworkPolicy is on."""
+    notes = _notes(ETCD)
+    assert f"{RELEASE}-etcd-rendezvous.{NAMESPACE}.svc.cluster.local:2379" in notes
+    assert f"{RELEASE}-etcd-rendezvous-0" in notes
+    assert "elastic-job.pytorch.org/rendezvous-client=true" in notes

@@ -1,0 +1,106 @@
+"""templates/tests/test-rendezvous.yaml: the `helm test` pod that checks the rendezvous
+answers on the etcd v2 API. Its script is run here against a real etcd."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from chart_render import ELASTIC_JOB, RELEASE, etcd_statefulset, objects, of_kind, one, selects
+
+TEST_POD = f"{RELEASE}-elastic-job-test-rendezvous"
+
+
+def _pod(**kwargs: Any) -> dict[str, Any]:
+    return one(objects(ELASTIC_JOB, **kwargs), "Pod", TEST_POD)
+
+
+def test_is_a_helm_test_hook() -> None:
+    """helm.sh/hook: test, deleted before re-creation and on success."""
+    annotations = _pod()["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "test"
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+
+
+def test_checks_the_v2_keys_endpoint_of_the_workers_rendezvous() -> None:
+    """It reads ELASTIC_RDZV_ENDPOINT (the workers' value) and GETs /v2/keys/."""
+    objs = objects(ELASTIC_JOB)
+    pod = one(objs, "Pod", TEST_POD)
+    ctr = pod["spec"]["containers"][0]
+    worker = next(
+        s for s in of_kind(objs, "StatefulSet") if s["metadata"]["name"].endswith("default")
+    )
+    worker_env = {
+        e["name"]: e.get("value")
+        for e in worker["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    env = {e["name"]: e["value"] for e in ctr["env"]}
+    assert env["ELASTIC_RDZV_ENDPOINT"] == worker_env["ELASTIC_RDZV_ENDPOINT"]
+    assert "/v2/keys/" in ctr["command"][-1]
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_pod_security_restricted() -> None:
+    """PSS restricted: non-root, seccomp, no escalation, drop ALL, read-only root, no token."""
+    pod = _pod()
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    ctx = pod["spec"]["containers"][0]["securityContext"]
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_is_admitted_by_the_etcd_network_policy() -> None:
+    """The test pod carries the client label the etcd NetworkPolicy admits."""
+    objs = objects(ELASTIC_JOB)
+    policy = one(objs, "NetworkPolicy", f"{RELEASE}-etcd-rendezvous")
+    peer = policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    assert selects(peer, one(objs, "Pod", TEST_POD)["metadata"]["labels"])
+    assert etcd_statefulset(objs)
+
+
+def test_image_defaults_to_the_worker_image() -> None:
+    """tests.image empty: the worker image (it has python3); overridable."""
+    assert _pod()["spec"]["containers"][0]["image"] == "ghcr.io/elastic-job/worker:0.1.0"
+    pod = _pod(sets=["tests.image.repository=reg.example/py", "tests.image.tag=3.12"])
+    assert pod["spec"]["containers"][0]["image"] == "reg.example/py:3.12"
+
+
+def test_disabled_renders_no_test_pod() -> None:
+    """tests.enabled=false: no test pod."""
+    assert not of_kind(objects(ELASTIC_JOB, sets=["tests.enabled=false"]), "Pod")
+
+
+def _run_script(endpoint: str) -> subprocess.CompletedProcess[str]:
+    script = _pod()["spec"]["containers"][0]["command"]
+    assert script[:2] == ["python3", "-c"]
+    env = {**os.environ, "ELASTIC_RDZV_ENDPOINT": endpoint}
+    return subprocess.run(
+        [sys.executable, "-c", script[2]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_script_passes_against_etcd_with_the_v2_api(etcd_factory: Callable[..., Any]) -> None:
+    """Against a real etcd with --enable-v2=true the check prints OK and exits 0."""
+    server = etcd_factory(v2=True)
+    proc = _run_script(server.endpoint)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("OK ")
+
+
+def test_script_fails_against_etcd_without_the_v2_api(etcd_factory: Callable[..., Any]) -> None:
+    """Against a real etcd with the v2 API off (as 3.6 is) it fails and says so."""
+    server = etcd_factory(v2=False)
+    proc = _run_script(server.endpoint)
+    assert proc.returncode != 0
+    assert "v2 API" in proc.stderr
