@@ -7,6 +7,7 @@ stdout is not a terminal each event is one plain line.
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -99,24 +100,29 @@ class Progress:
 
     def table(self) -> list[str]:
         s = self.state
+
+        def show(v: object) -> str:
+            return "-" if v is None else str(v)
+
         head = (
-            f"world size {s.world_size if s.world_size is not None else '-'}   "
-            f"step {s.step if s.step is not None else '-'}   "
-            f"round {s.round if s.round is not None else '-'}   "
-            f"checkpoint {s.checkpoint if s.checkpoint is not None else '-'}   "
+            f"{self.elapsed().strip()}   world size {show(s.world_size)}   step {show(s.step)}   "
+            f"round {show(s.round)}   checkpoint {show(s.checkpoint)}   "
             f"{'COMPLETE' if s.completed else ''}  {s.note}"
         )
+        width = shutil.get_terminal_size((120, 24)).columns
         rows = [
             head.rstrip(),
-            f"{'POD':34} {'PHASE':14} {'NODE':18} {'IP':15} {'RST':>3} {'EXIT':>4}  LAST",
+            f"{'POD':34} {'PHASE':16} {'NODE':16} {'IP':15} {'STEP':>4} {'RST':>3} "
+            f"{'EXIT':>4}  LAST",
         ]
         for p in s.pods.values():
             last_exit = "" if p.last_exit is None else str(p.last_exit)
+            step = "" if p.step is None else str(p.step)
             rows.append(
-                f"{p.name[:34]:34} {p.phase[:14]:14} {p.node[:18]:18} {p.ip:15} {p.restarts:>3} "
-                f"{last_exit:>4}  {p.message[:60]}"
+                f"{p.name[:34]:34} {p.phase[:16]:16} {p.node[:16]:16} {p.ip:15} {step:>4} "
+                f"{p.restarts:>3} {last_exit:>4}  {p.message}"
             )
-        return rows
+        return [r[:width] for r in rows]
 
     def draw(self, force: bool = False) -> None:
         if not self.live:
