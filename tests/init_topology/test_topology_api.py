@@ -1,20 +1,26 @@
-"""The console script against a real HTTPS server: the official client, in-cluster config,
-the bearer token, CA verification, retries and every failure the issue names."""
+"""The console script (a subprocess, as the container runs it) against a real HTTPS server:
+the official client, in-cluster config, the bearer token, CA verification, retries and
+every failure the issue names.
+
+No conftest.py in this directory: tests/ has no __init__.py, so a second module named
+`conftest` would shadow tests/conftest.py for `from conftest import ...` elsewhere."""
 
 from __future__ import annotations
 
 import shutil
 import socket
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from test_topology_mapping import EXPECTED
-from topology_helpers import Run, read_env_file
+from topology_helpers import BIN, INIT_TOPOLOGY, Run, read_env_file
 
 from localrun.apiserver import FakeApiServer, load_nodes
 
 RunInit = Callable[..., Run]
+
 NODE = "cpu-node-01"
 DEGRADED = {
     "NODE_NAME": NODE,
@@ -22,6 +28,46 @@ DEGRADED = {
     "NODE_FABRIC": "unknown",
     "NODE_TOPOLOGY_SOURCE": "downward-api",
 }
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[FakeApiServer]:
+    with FakeApiServer(load_nodes("all"), workdir=tmp_path / "api", hang_seconds=60) as server:
+        yield server
+
+
+@pytest.fixture
+def run_init(tmp_path: Path, api: FakeApiServer) -> Callable[..., Run]:
+    """Run the installed console script against `api` with the chart's environment."""
+
+    def run(node_name: str, **overrides: str | None) -> Run:
+        """`overrides`: variables to set, or None to remove one."""
+        output = tmp_path / "inject" / "env"
+        output.parent.mkdir(exist_ok=True)
+        env: dict[str, str | None] = {
+            "PATH": f"{BIN}:/usr/bin:/bin",
+            "NODE_NAME": node_name,
+            "POD_NAME": "run42-elastic-job-default-0",
+            "POD_NAMESPACE": "default",
+            "TOPOLOGY_OUTPUT": str(output),
+            "TOPOLOGY_STRICT": "false",
+            "TOPOLOGY_TIMEOUT_SECONDS": "10",
+            "TOPOLOGY_USER_ENV": "",
+            "TOPOLOGY_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir),
+            **api.env(),
+        }
+        env.update(overrides)
+        done = subprocess.run(
+            [str(INIT_TOPOLOGY)],
+            env={k: v for k, v in env.items() if v is not None},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        return Run(done.returncode, done.stdout, done.stderr, output)
+
+    return run
 
 
 def assert_clean(run: Run) -> None:
