@@ -638,3 +638,17 @@ def test_checkov_skips_follow_the_settings() -> None:
         for v in annotations.values()
     )
     assert list(annotations) == [f"checkov.io/skip{i}" for i in range(1, len(annotations) + 1)]
+
+
+def test_worker_runs_as_the_worker_images_user_and_init_as_65532() -> None:
+    """The worker container runs as the worker image's user 10001 (HOME for caches); the
+    pod's user (init-topology's, 65532) and fsGroup stay as the init container needs."""
+    sts = _sts()
+    spec = pod_spec(sts)
+    assert (spec["securityContext"]["runAsUser"], spec["securityContext"]["fsGroup"]) == (
+        65532,
+        65532,
+    )
+    worker = container(sts, "worker")["securityContext"]
+    assert (worker["runAsUser"], worker["runAsGroup"]) == (10001, 10001)
+    assert "runAsUser" not in container(sts, "init-topology")["securityContext"]
