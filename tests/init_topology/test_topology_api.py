@@ -298,3 +298,16 @@ def test_an_unwritable_output_exits_4_with_one_line(run_init: RunInit, tmp_path:
     assert run.returncode == 4
     assert len(run.lines) == 1
     assert "cannot write" in run.lines[-1] and "emptyDir" in run.lines[-1]
+
+
+def test_a_hostile_label_value_survives_json_the_file_and_sh(
+    run_init: RunInit, api: FakeApiServer, tmp_path: Path
+) -> None:
+    """Kubernetes would reject this label value; the file must not rely on that."""
+    marker = tmp_path / "executed"
+    value = f"$(touch {marker})'\n`touch {marker}`\\'; touch {marker}; 'é✓\t\"x\"" + "z" * 63
+    api.nodes[NODE]["metadata"]["labels"]["example.com/evil"] = value
+    run = run_init(NODE, TOPOLOGY_LABEL_MAP='{"NODE_EVIL": ["example.com/evil"]}')
+    assert run.returncode == 0, run.stderr
+    assert read_env_file(run.output)["NODE_EVIL"] == value
+    assert not marker.exists()

@@ -18,7 +18,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from init_topology import envfile
+from init_topology.config import load_config
 from init_topology.envfile import quote, render, write_env_file
+from init_topology.mapping import build_variables
 from topology_helpers import SH, read_env_file, source_env_file
 
 LINE = re.compile(rb"[A-Z_][A-Z0-9_]*='([^']|'\\'')*'\n", re.DOTALL)
@@ -167,3 +169,22 @@ def test_read_env_file_helper_reads_every_key(tmp_path: Path) -> None:
     path = tmp_path / "env"
     write_env_file(path, {"A": "1", "B_C": "two\nlines"})
     assert read_env_file(path) == {"A": "1", "B_C": "two\nlines"}
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(value=st.one_of(values, label_like, st.sampled_from(PAYLOADS)))
+def test_label_values_round_trip_through_the_label_map_and_the_file(
+    value: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "executed"
+    value = value.replace("{marker}", str(marker))
+    node = {"metadata": {"labels": {"example.com/v": value}}, "spec": {}, "status": {}}
+    config = load_config({"NODE_NAME": "n", "TOPOLOGY_LABEL_MAP": '{"NODE_V": ["example.com/v"]}'})
+    variables = build_variables(config, node)
+    path = tmp_path / "env"
+    write_env_file(path, variables)
+    assert read_env_file(path) == variables
+    assert variables["NODE_V"] == value
+    assert not marker.exists()
