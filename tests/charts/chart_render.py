@@ -27,6 +27,8 @@ CHARTS = ROOT / "charts"
 ELASTIC_JOB = CHARTS / "elastic-job"
 ETCD = CHARTS / "etcd-rendezvous"
 EXAMPLES = ROOT / "values-examples"
+# Configurations only the tests render (they need Secrets or an outside etcd to install).
+TEST_VALUES = Path(__file__).resolve().parent / "values"
 TOOLS = ROOT / ".tools"
 HELM3 = TOOLS / "helm3" / "helm"
 HELM4 = TOOLS / "helm4" / "helm"
@@ -52,7 +54,8 @@ class Case:
 
 
 def cases() -> list[Case]:
-    """Defaults of both charts, each chart's ci/*-values.yaml and each values-examples file."""
+    """Defaults of both charts, each chart's ci/*-values.yaml, each values-examples file and
+    the test-only values in tests/charts/values/."""
     out: list[Case] = []
     for chart in (ETCD, ELASTIC_JOB):
         out.append(Case(f"{chart.name}:defaults", chart))
@@ -60,6 +63,8 @@ def cases() -> list[Case]:
             out.append(Case(f"{chart.name}:ci/{values.name}", chart, (values,)))
     for values in sorted(EXAMPLES.glob("*.yaml")):
         out.append(Case(f"elastic-job:values-examples/{values.name}", ELASTIC_JOB, (values,)))
+    for values in sorted(TEST_VALUES.glob("*.yaml")):
+        out.append(Case(f"elastic-job:tests/{values.name}", ELASTIC_JOB, (values,)))
     return out
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chart_render import CHARTS, EXAMPLES, ROOT, helm_run
+from chart_render import CHARTS, EXAMPLES, ROOT, TEST_VALUES, helm_run
 
 CI = ROOT / "ci"
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -38,13 +38,15 @@ def test_chart_yaml_matches_ci_chart_schema(chart: Path) -> None:
 
 
 def test_yamllint_with_ci_lintconf() -> None:
-    """yamllint (ci/lintconf.yaml) passes on Chart.yaml, values.yaml, ci/ and values-examples/."""
+    """yamllint (ci/lintconf.yaml) passes on Chart.yaml, values.yaml, ci/, values-examples/
+    and the test-only values."""
     targets = [
         *[c / "Chart.yaml" for c in CHART_DIRS],
         *[c / "values.yaml" for c in CHART_DIRS],
         *sorted(CHARTS.glob("*/ci/*.yaml")),
         CI,
         EXAMPLES,
+        TEST_VALUES,
     ]
     proc = subprocess.run(
         [VENV_BIN / "yamllint", "--strict", "-c", CI / "lintconf.yaml", *targets],
