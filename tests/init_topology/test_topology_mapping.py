@@ -8,8 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from init_topology.config import Config, parse_label_map
+from init_topology.envfile import render
 from init_topology.mapping import (
+    GPU_COUNT,
+    GPU_MODEL,
+    INSTANCE_TYPE,
+    REGION,
+    ZONE,
     build_variables,
     capacity_type,
     fabric,
@@ -319,3 +327,44 @@ def test_mapping_does_not_modify_the_node() -> None:
     before = copy.deepcopy(node)
     node_variables("x", node)
     assert node == before
+
+
+anything = st.text(max_size=80)
+ALL_KNOWN_LABELS = sorted(
+    {*REGION, *ZONE, *INSTANCE_TYPE, *GPU_MODEL, *GPU_COUNT}
+    | {
+        "karpenter.sh/capacity-type",
+        "eks.amazonaws.com/capacityType",
+        "cloud.google.com/gke-spot",
+        "cloud.google.com/gke-nodepool",
+        "kubernetes.azure.com/scalesetpriority",
+        "feature.node.kubernetes.io/rdma.available",
+    }
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    labels=st.dictionaries(st.one_of(st.sampled_from(ALL_KNOWN_LABELS), anything), anything),
+    allocatable=st.dictionaries(
+        st.one_of(
+            st.sampled_from(["nvidia.com/gpu", "vpc.amazonaws.com/efa", "rdma/ib"]), anything
+        ),
+        st.one_of(st.integers(-5, 10).map(str), anything),
+    ),
+    provider_id=anything,
+)
+def test_any_node_maps_to_variables_that_can_be_written(
+    labels: dict[str, str], allocatable: dict[str, str], provider_id: str
+) -> None:
+    node = {
+        "metadata": {"labels": labels},
+        "spec": {"providerID": provider_id},
+        "status": {"allocatable": allocatable},
+    }
+    label_map = json.dumps({"NODE_A": [k for k in sorted(labels) if k][:3] or ["x"]})
+    got = build_variables(config("n", label_map=label_map), node)
+    render(got)  # never raises: every value is writable
+    assert got["NODE_CAPACITY_TYPE"] in ("spot", "on-demand", "unknown")
+    assert got["NODE_FABRIC"] in ("infiniband", "efa", "roce", "ethernet", "unknown")
+    assert got["NODE_GPU_COUNT"].isdigit()

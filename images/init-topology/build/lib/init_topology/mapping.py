@@ -188,7 +188,7 @@ def node_variables(node_name: str, node: Node | None) -> Variables:
     allocatable = allocatable_of(node)
     node_provider = provider(node)
     model, count = gpus(labels, allocatable)
-    return {
+    variables = {
         "NODE_NAME": node_name,
         "NODE_PROVIDER": node_provider,
         "NODE_REGION": first_label(labels, REGION) or "",
@@ -200,6 +200,7 @@ def node_variables(node_name: str, node: Node | None) -> Variables:
         "NODE_FABRIC": fabric(labels, allocatable, node_provider),
         "NODE_TOPOLOGY_SOURCE": "api",
     }
+    return {key: _writable(key, value) for key, value in variables.items()}
 
 
 def mapped_variables(
@@ -257,11 +258,24 @@ def build_variables(config: Config, node: Node | None) -> Variables:
     return variables
 
 
-def _int(text: str) -> int | None:
+def _writable(key: str, value: str) -> str:
+    """`value`, or "" if no env file can hold it (NUL, lone surrogates: never from a real
+    API server, whose validation and JSON rule them out)."""
     try:
-        return int(text)
+        check_value(value)
+    except ValueError as exc:
+        log.warning("writing %s empty: the value on the Node %s", key, exc)
+        return ""
+    return value
+
+
+def _int(text: str) -> int | None:
+    """A non-negative integer quantity, else None (GPU and RDMA counts are whole numbers)."""
+    try:
+        value = int(text)
     except ValueError:
         return None
+    return value if value >= 0 else None
 
 
 def _positive(quantity: str | None) -> bool:
