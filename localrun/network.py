@@ -272,6 +272,12 @@ class Network:
         run_ip("-n", netns, "route", "add", "default", "via", self.host_ip)
         etc = NETNS_ETC / netns
         etc.mkdir(parents=True, exist_ok=True)
+        # The address may have belonged to the pod's previous incarnation: drop what the
+        # neighbours cached for it (its old MAC), else they talk to nobody until it expires.
+        run_ip("neigh", "flush", "to", ip, "dev", self.bridge, check=False)
+        for other in self.pods.values():
+            if other is not pn and other.netns:
+                run_ip("-n", other.netns, "neigh", "flush", "to", ip, check=False)
         return pn
 
     def write_hosts(self, own: PodRecord, table: Mapping[str, list[str]], namespace: str) -> None:

@@ -138,16 +138,29 @@ def test_scale_up_two_to_three_then_down_to_two_while_training(tmp_path: Path) -
 def test_partition_survivors_reform_within_the_timeouts_and_the_pod_rejoins(
     tmp_path: Path,
 ) -> None:
-    # Link of pod 1 down for 40 s at step 8. The survivors notice through the training
-    # collective (gloo timeout set by the worker) and the rendezvous keep-alive
-    # (keepAliveInterval * keepAliveMaxAttempt = 1 s * 3); the bound below is generous.
-    run = run_local(tmp_path, f"--partition={pod(1)}@step=8:40", steps=40, every=5, timeout=420)
+    # Link of pod 1 down for 45 s at step 8. Nothing in torchrun watches a silent peer:
+    # the survivors block in the gloo collective until the process-group timeout of the
+    # training script (train.py --pg-timeout, env TRAIN_PG_TIMEOUT, 60 s by default, 15 s
+    # here through the chart's worker.env), then their agents re-rendezvous
+    # (rendezvous.lastCallTimeout 1 s; the lost node's keep-alive lapses after
+    # keepAliveInterval * keepAliveMaxAttempt = 3 s) and start new workers. So the bound
+    # is PG timeout + rendezvous + worker start-up; asserted here with generous slack.
+    pg_timeout = 15
+    run = run_local(
+        tmp_path,
+        f"--partition={pod(1)}@step=8:45",
+        steps=80,
+        every=5,
+        sets=[f"worker.env.TRAIN_PG_TIMEOUT={pg_timeout}"],
+        timeout=420,
+    )
     assert run.rc == 0, run.describe()
-    assert_nothing_lost(run, 40)
+    assert_nothing_lost(run, 80)
     s = run.summary
     part = reform(run, f"partition {pod(1)}")
     assert part["world_size"] == 2, part
-    assert part["seconds"] is not None and part["seconds"] < REFORM_BOUND, part
+    assert part["seconds"] is not None, part
+    assert pg_timeout <= part["seconds"] < pg_timeout + 60, part
     assert in_order(s["world_sizes"], [3, 2, 3]), run.describe()
     assert f"{pod(1)}: link up" in run.events()
     # pod 1 trained again after the link came back
