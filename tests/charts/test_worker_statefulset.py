@@ -652,3 +652,19 @@ def test_worker_runs_as_the_worker_images_user_and_init_as_65532() -> None:
     worker = container(sts, "worker")["securityContext"]
     assert (worker["runAsUser"], worker["runAsGroup"]) == (10001, 10001)
     assert "runAsUser" not in container(sts, "init-topology")["securityContext"]
+
+
+def test_numbers_in_command_env_and_conf_are_written_in_full(tmp_path: Path) -> None:
+    """YAML numbers in job.command, worker.env and rendezvous.extraConf render as written
+    (1000000, not Go's 1e+06), so `--steps 1000000` reaches the script intact."""
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        "job:\n  command: [python, t.py, --steps, 1000000, --lr, 0.0001]\n"
+        "worker:\n  env:\n    BIG: 1000000\n    HALF: 0.5\n"
+        "rendezvous:\n  extraConf:\n    read_timeout: 3000000\n"
+    )
+    worker = container(_sts(values=[values]), "worker")
+    assert worker["args"] == ["python", "t.py", "--steps", "1000000", "--lr", "0.0001"]
+    env = env_of(worker)
+    assert (env["BIG"], env["HALF"]) == ("1000000", "0.5")
+    assert env["ELASTIC_RDZV_CONF"].endswith(",read_timeout=3000000")

@@ -124,7 +124,7 @@ controller-revision-hash label adds "-<10 character hash>" and labels stop at 63
   (printf "keep_alive_interval=%v" ($r.keepAliveInterval | int64))
   (printf "keep_alive_max_attempt=%v" ($r.keepAliveMaxAttempt | int64)) -}}
 {{- range $k, $v := $r.extraConf -}}
-{{- $conf = append $conf (printf "%s=%v" $k $v) -}}
+{{- $conf = append $conf (printf "%s=%s" $k (include "elastic-job.str" $v)) -}}
 {{- end -}}
 {{- if $r.tls.enabled -}}
 {{- $conf = append $conf "protocol=https" -}}
@@ -143,6 +143,15 @@ controller-revision-hash label adds "-<10 character hash>" and labels stop at 63
 {{- int64 . -}}
 {{- else -}}
 {{- float64 . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A value as a string, numbers written in full (1000000, not YAML-parsed 1e+06). */}}
+{{- define "elastic-job.str" -}}
+{{- if or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) -}}
+{{- include "elastic-job.num" . -}}
+{{- else -}}
+{{- toString . -}}
 {{- end -}}
 {{- end -}}
 
