@@ -25,6 +25,14 @@ def test_helm_lint_strict_with_defaults_and_each_ci_values_file(helm: Path, char
         assert "[WARNING]" not in proc.stdout, proc.stdout
 
 
+def test_helm_lint_strict_with_each_values_example(helm: Path) -> None:
+    """helm lint --strict passes for elastic-job with each values-examples file."""
+    for values in sorted(EXAMPLES.glob("*.yaml")):
+        proc = helm_run(helm, "lint", "--strict", str(CHARTS / "elastic-job"), "-f", str(values))
+        assert proc.returncode == 0, f"{values.name}\n{proc.stdout}\n{proc.stderr}"
+        assert "[WARNING]" not in proc.stdout, proc.stdout
+
+
 @pytest.mark.parametrize("chart", CHART_DIRS, ids=lambda p: p.name)
 def test_chart_yaml_matches_ci_chart_schema(chart: Path) -> None:
     """yamale validates Chart.yaml against ci/chart_schema.yaml (ct's chart-yaml-schema)."""
