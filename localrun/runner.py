@@ -471,14 +471,18 @@ class Runner:
             self.event(self.summary.error)
             return EXIT_FAILED
         n = self.cfg.give_up_after
-        if n > 0 and workers and all(p.failures_in_row >= n for p in workers):
+        placed = [p for p in workers if p.node]
+        if n > 0 and placed and all(p.failures_in_row >= n for p in placed):
             last = {
                 p.name: (self.pod_last_lines.get(p.name) or ["(no worker line)"])[-1]
-                for p in workers
+                for p in placed
             }
             self.summary.error = f"every worker pod failed {n} times in a row; last: " + "; ".join(
                 f"{k}: {v}" for k, v in last.items()
             )
+            pending = [f"{p.name}: {p.message}" for p in workers if not p.node]
+            if pending:
+                self.summary.error += "; pending: " + "; ".join(pending)
             self.event(self.summary.error)
             return EXIT_FAILED
         return None

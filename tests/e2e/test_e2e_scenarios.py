@@ -183,11 +183,19 @@ def test_restart_rendezvous_pod_the_job_recovers_and_completes(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_fewer_pods_than_min_nodes_wait_visibly_then_time_out(tmp_path: Path) -> None:
+    # The chart refuses replicas < minNodes, so the cluster is short instead: both pods
+    # must run on local-spot-0 and each asks for 3 of its 4 CPUs, so one stays Pending.
     run = run_local(
         tmp_path,
         "--backoff=1:2",
         "--give-up-after=2",
-        sets=["workerGroups.default.replicas=1", "gate.timeoutSeconds=20"],
+        sets=[
+            "workerGroups.default.replicas=2",
+            "worker.nodeSelector.kubernetes\\.io/hostname=local-spot-0",
+            "worker.resources.requests.cpu=3",
+            "worker.resources.limits.cpu=3",
+            "gate.timeoutSeconds=20",
+        ],
         timeout=240,
     )
     assert run.rc == 1, run.describe()
@@ -195,6 +203,8 @@ def test_fewer_pods_than_min_nodes_wait_visibly_then_time_out(tmp_path: Path) ->
     assert s["completed"] is False
     assert s["final_step"] is None
     assert "failed 2 times in a row" in s["error"], s["error"]
+    assert f"pending: {pod(1)}: 0/5 nodes are available" in s["error"], s["error"]
+    assert "Insufficient cpu" in run.stdout
     log0 = run.log(pod(0))
     assert log0.count("elastic-worker:") >= 2, log0[-3000:]
     # the wait was visible while it lasted, and its end says why in one line
@@ -206,19 +216,19 @@ def test_fewer_pods_than_min_nodes_wait_visibly_then_time_out(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_four_replicas_with_max_three_the_spare_joins_and_exits_zero(tmp_path: Path) -> None:
-    # Two pods are SIGKILLed (and stay down 30 s): whichever of the four was the spare,
+    # Two pods are SIGKILLed (and stay down 10 s): whichever of the four was the spare,
     # at least one member is lost, and the spare must be in the re-formed group.
     run = run_local(
         tmp_path,
-        f"--kill={pod(0)}@step=8:30",
-        f"--kill={pod(1)}@step=8:30",
-        steps=30,
+        f"--kill={pod(0)}@step=8:10",
+        f"--kill={pod(1)}@step=8:10",
+        steps=50,
         every=5,
         sets=["workerGroups.default.replicas=4"],
         timeout=420,
     )
     assert run.rc == 0, run.describe()
-    assert_nothing_lost(run, 30)
+    assert_nothing_lost(run, 50)
     s = run.summary
     assert max(s["world_sizes"]) == 3, run.describe()
     before = {n: [x for x in run.steps_of(pod(n)) if x <= 8] for n in range(4)}
@@ -226,10 +236,8 @@ def test_four_replicas_with_max_three_the_spare_joins_and_exits_zero(tmp_path: P
     assert spares, f"no pod waited as a spare before the kill: {before}"
     for n in spares:
         assert run.steps_of(pod(n)), f"spare pod {n} never trained"
-    pods = worker_pods(s)
-    assert len(pods) == 4
-    for name, p in pods.items():
-        assert p["exit_code"] == 0, (name, run.describe())
+        assert s["pods"][pod(n)]["exit_code"] == 0, (n, run.describe())
+    assert len(worker_pods(s)) == 4
     assert_cleaned_up(run)
 
 
