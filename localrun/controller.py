@@ -597,8 +597,11 @@ def _rmtree(path: Path) -> None:
 def _loopback_rewrite(
     env: dict[str, str], argv: list[str], mounts: list[BindMount], table: dict[str, list[str]]
 ) -> tuple[dict[str, str], list[str]]:
-    """Without namespaces: DNS names in values become addresses, mount paths host paths."""
-    subs = [(n, ips[0]) for n, ips in sorted(table.items(), key=lambda kv: -len(kv[0])) if ips]
+    """Without namespaces: DNS names in values become addresses, mount paths host paths.
+    Only the forms with `.svc` are replaced: a bare pod or Service name is also part of
+    other values (etcd's --name, the pod name itself)."""
+    names = [(n, ips[0]) for n, ips in table.items() if ips and ".svc" in n]
+    subs = sorted(names, key=lambda kv: -len(kv[0]))
     subs += [(m.target, m.source) for m in mounts if m.source]
 
     def fix(v: str) -> str:

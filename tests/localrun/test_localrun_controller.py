@@ -101,3 +101,29 @@ def test_statefulset_knows_workers_from_the_rendezvous() -> None:
     assert w.is_worker and not w.is_rendezvous and w.group == "default"
     e = sts("rendezvous")
     assert e.is_rendezvous and not e.is_worker
+
+
+def test_loopback_fallback_rewrites_cluster_names_and_mount_paths_only() -> None:
+    from localrun.controller import _loopback_rewrite
+    from localrun.process import BindMount
+
+    table = {
+        "demo-etcd.default.svc.cluster.local": ["127.1.2.10"],
+        "demo-etcd": ["127.1.2.10"],
+    }
+    env = {
+        "ELASTIC_RDZV_ENDPOINT": "demo-etcd.default.svc.cluster.local:2379",
+        "POD_NAME": "demo-etcd-0",
+        "TOPOLOGY_OUTPUT": "/etc/inject/env",
+    }
+    mounts = [
+        BindMount("/tmp/pod/inject", "/etc/inject"),
+        BindMount("", "/dev/shm", tmpfs_size="1"),
+    ]
+    new_env, argv = _loopback_rewrite(env, ["etcd", "--name=demo-etcd-0"], mounts, table)
+    assert new_env == {
+        "ELASTIC_RDZV_ENDPOINT": "127.1.2.10:2379",
+        "POD_NAME": "demo-etcd-0",
+        "TOPOLOGY_OUTPUT": "/tmp/pod/inject/env",
+    }
+    assert argv == ["etcd", "--name=demo-etcd-0"]
