@@ -1,30 +1,15 @@
-"""Fixtures every test area shares: the repo's paths, both helm binaries, ../shared, real etcd."""
+"""Fixtures every test area shares; the helpers behind them live in testlib.py."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from testlib import HELMS, ROOT, EtcdServer, free_port, shared_dir, start_etcd
 
-ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ROOT / ".tools"
-HELMS = {"helm3": TOOLS / "helm3" / "helm", "helm4": TOOLS / "helm4" / "helm"}
-
-
-def shared_dir() -> Path | None:
-    """../shared beside the checkout (developers and CI); None in a user's clone."""
-    for candidate in (os.environ.get("ELASTIC_SHARED_DIR"), ROOT.parent / "shared"):
-        if candidate and (Path(candidate) / "crds").is_dir():
-            return Path(candidate)
-    return None
+# Re-exported for modules that still say `from conftest import ...`; prefer testlib.
+__all__ = ["EtcdServer", "free_port", "shared_dir", "start_etcd"]
 
 
 @pytest.fixture(scope="session")
@@ -46,68 +31,6 @@ def helm3() -> Path:
     if not HELMS["helm3"].exists():
         pytest.fail(f"{HELMS['helm3']} is missing: run scripts/bootstrap")
     return HELMS["helm3"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class EtcdServer:
-    """A real etcd process (Debian's etcd 3.4 here) with the v2 API on or off."""
-
-    endpoint: str  # host:port
-    data_dir: Path
-    process: subprocess.Popen[bytes]
-    v2: bool
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.endpoint}"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-
-
-def start_etcd(data_dir: Path, *, v2: bool = True, host: str = "127.0.0.1") -> EtcdServer:
-    etcd = shutil.which("etcd")
-    if etcd is None:
-        pytest.fail("etcd is not installed: run scripts/bootstrap (apt-get install etcd-server)")
-    client, peer = free_port(), free_port()
-    cmd = [
-        etcd,
-        "--name=default",
-        f"--data-dir={data_dir}",
-        f"--listen-client-urls=http://{host}:{client}",
-        f"--advertise-client-urls=http://{host}:{client}",
-        f"--listen-peer-urls=http://{host}:{peer}",
-        f"--initial-advertise-peer-urls=http://{host}:{peer}",
-        f"--initial-cluster=default=http://{host}:{peer}",
-        f"--enable-v2={'true' if v2 else 'false'}",
-    ]
-    log = open(data_dir.parent / f"{data_dir.name}.log", "wb")  # noqa: SIM115 - outlives this call
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    server = EtcdServer(f"{host}:{client}", data_dir, proc, v2)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"etcd exited with {proc.returncode}; see {log.name}")
-        try:
-            with urllib.request.urlopen(f"{server.url}/health", timeout=1) as resp:
-                if resp.status == 200:
-                    return server
-        except OSError:
-            time.sleep(0.1)
-    server.stop()
-    pytest.fail("etcd did not answer /health within 20 s")
 
 
 @pytest.fixture
