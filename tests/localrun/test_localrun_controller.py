@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from localrun.controller import Backoff, StatefulSet
+from localrun.controller import Backoff, StatefulSet, _loopback_rewrite
+from localrun.process import BindMount
 from localrun.scheduler import choose_node
 
 
@@ -104,9 +105,6 @@ def test_statefulset_knows_workers_from_the_rendezvous() -> None:
 
 
 def test_loopback_fallback_rewrites_cluster_names_and_mount_paths_only() -> None:
-    from localrun.controller import _loopback_rewrite
-    from localrun.process import BindMount
-
     table = {
         "demo-etcd.default.svc.cluster.local": ["127.1.2.10"],
         "demo-etcd": ["127.1.2.10"],
