@@ -194,7 +194,37 @@ CASES = [
         ("etcd-rendezvous.bogus=1",),
         also=("bogus",),
     ),
+    Bad(
+        "etcd-client-certs-but-workers-have-none",
+        "rendezvous.tls.clientCertSecret",
+        (
+            "rendezvous.tls.enabled=true",
+            "rendezvous.tls.caSecret=ca",
+            "etcd-rendezvous.tls.enabled=true",
+            "etcd-rendezvous.tls.existingSecret=server",
+            "etcd-rendezvous.tls.clientCertAuth=true",
+        ),
+        also=("etcd-rendezvous.tls.clientCertAuth",),
+    ),
     # The etcd-rendezvous chart on its own.
+    Bad(
+        "etcd-cert-manager-without-issuer",
+        "tls.certManager.issuerRef.name",
+        ("tls.enabled=true", "tls.certManager.enabled=true"),
+        chart=ETCD,
+    ),
+    Bad(
+        "etcd-cert-manager-without-tls",
+        "tls.certManager.enabled",
+        ("tls.certManager.enabled=true", "tls.certManager.issuerRef.name=ca"),
+        chart=ETCD,
+    ),
+    Bad(
+        "etcd-cert-manager-bad-issuer-kind",
+        "tls.certManager.issuerRef.kind",
+        ("tls.certManager.issuerRef.kind=Vault",),
+        chart=ETCD,
+    ),
     Bad("etcd-3.6", "image.tag", ("image.tag=v3.6.0",), chart=ETCD, also=("3.6", "v2 API")),
     Bad("etcd-4.0", "image.tag", ("image.tag=v4.0.0",), chart=ETCD, also=("v2 API",)),
     Bad(

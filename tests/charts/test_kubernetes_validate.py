@@ -14,7 +14,7 @@ from chart_render import KUBERNETES_VERSIONS, Case, cases, kubernetes_errors, ob
 from conftest import shared_dir
 
 CASES = cases()
-CRD_GROUPS = ("scheduling.volcano.sh",)
+CRD_GROUPS = ("scheduling.volcano.sh", "cert-manager.io")
 
 
 def _is_crd_backed(obj: dict[str, Any]) -> bool:
@@ -92,8 +92,9 @@ def _metadata_free(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_crd_objects_validate_against_upstream_crd_schemas() -> None:
-    """PodGroup (gang.volcano.enabled) against Volcano's CRD openAPIV3Schema, unknown fields
-    refused, for every configuration that renders one (ci/gang-values.yaml, examples)."""
+    """PodGroup (gang.volcano.enabled) and Certificate (etcd-rendezvous.tls.certManager)
+    against the upstream CRDs' openAPIV3Schema, unknown fields refused, for every
+    configuration that renders one."""
     shared = shared_dir()
     if shared is None:
         pytest.skip("../shared (upstream CRDs) is not beside this checkout; set ELASTIC_SHARED_DIR")
@@ -111,6 +112,7 @@ def test_crd_objects_validate_against_upstream_crd_schemas() -> None:
             jsonschema.validate(obj, _strict(_metadata_free(schema)))
             checked.append(f"{case}: {obj['kind']}")
     assert any("ci/gang-values.yaml: PodGroup" in c for c in checked), checked
+    assert any("tls-cert-manager.yaml: Certificate" in c for c in checked), checked
 
 
 def test_crd_check_refuses_an_unknown_podgroup_field() -> None:

@@ -668,3 +668,22 @@ def test_numbers_in_command_env_and_conf_are_written_in_full(tmp_path: Path) -> 
     env = env_of(worker)
     assert (env["BIG"], env["HALF"]) == ("1000000", "0.5")
     assert env["ELASTIC_RDZV_CONF"].endswith(",read_timeout=3000000")
+
+
+def test_cert_manager_secrets_of_the_bundled_etcd_are_used_by_default() -> None:
+    """rendezvous.tls with etcd-rendezvous.tls.certManager: the workers mount the etcd
+    server Secret's ca.crt and the client Secret cert-manager issues for them."""
+    objs = objects(ELASTIC_JOB, values=[Path(__file__).parent / "values" / "tls-cert-manager.yaml"])
+    (sts,) = worker_statefulsets(objs)
+    volumes = {v["name"]: v for v in pod_spec(sts)["volumes"]}
+    assert (
+        volumes["rendezvous-ca"]["secret"]["secretName"] == f"{RELEASE}-etcd-rendezvous-server-tls"
+    )
+    assert volumes["rendezvous-client"]["secret"]["secretName"] == (
+        f"{RELEASE}-etcd-rendezvous-client-tls"
+    )
+    secrets = {c["spec"]["secretName"] for c in objs if c["kind"] == "Certificate"}
+    assert {
+        volumes["rendezvous-ca"]["secret"]["secretName"],
+        volumes["rendezvous-client"]["secret"]["secretName"],
+    } <= secrets

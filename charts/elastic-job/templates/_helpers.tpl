@@ -114,6 +114,30 @@ controller-revision-hash label adds "-<10 character hash>" and labels stop at 63
 {{- end -}}
 {{- end -}}
 
+{{/*
+Secrets of the rendezvous TLS: rendezvous.tls.caSecret / clientCertSecret, else, when the
+bundled etcd has cert-manager issue its certificates, the Secrets it names.
+*/}}
+{{- define "elastic-job.rdzvCaSecret" -}}
+{{- $etcd := index .Values "etcd-rendezvous" | default dict -}}
+{{- $etcdTls := $etcd.tls | default dict -}}
+{{- if .Values.rendezvous.tls.caSecret -}}
+{{- .Values.rendezvous.tls.caSecret -}}
+{{- else if and (include "elastic-job.etcdEnabled" .) $etcdTls.enabled ($etcdTls.certManager | default dict).enabled -}}
+{{- $etcdTls.existingSecret | default (printf "%s-server-tls" (include "elastic-job.etcdFullname" .)) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "elastic-job.rdzvClientSecret" -}}
+{{- $etcd := index .Values "etcd-rendezvous" | default dict -}}
+{{- $etcdTls := $etcd.tls | default dict -}}
+{{- if .Values.rendezvous.tls.clientCertSecret -}}
+{{- .Values.rendezvous.tls.clientCertSecret -}}
+{{- else if and .Values.rendezvous.tls.enabled (include "elastic-job.etcdEnabled" .) $etcdTls.enabled $etcdTls.clientCertAuth ($etcdTls.certManager | default dict).enabled -}}
+{{- printf "%s-client-tls" (include "elastic-job.etcdFullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* torchrun --rdzv-conf for the etcd-v2 (dynamic) handler: "k=v,k=v". */}}
 {{- define "elastic-job.rdzvConf" -}}
 {{- $r := .Values.rendezvous -}}
@@ -129,7 +153,7 @@ controller-revision-hash label adds "-<10 character hash>" and labels stop at 63
 {{- if $r.tls.enabled -}}
 {{- $conf = append $conf "protocol=https" -}}
 {{- $conf = append $conf "ca_cert=/etc/elastic-job/rendezvous-ca/ca.crt" -}}
-{{- if $r.tls.clientCertSecret -}}
+{{- if include "elastic-job.rdzvClientSecret" . -}}
 {{- $conf = append $conf "ssl_cert=/etc/elastic-job/rendezvous-client/tls.crt" -}}
 {{- $conf = append $conf "ssl_cert_key=/etc/elastic-job/rendezvous-client/tls.key" -}}
 {{- end -}}

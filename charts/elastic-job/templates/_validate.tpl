@@ -49,8 +49,14 @@ do. Included once, from worker-statefulset.yaml (rendered on every install).
 {{- fail "rendezvous.endpoint is empty while etcd-rendezvous.enabled is false: set rendezvous.endpoint to host:port of an etcd 3.5 with the v2 API on" -}}
 {{- end -}}
 {{- end -}}
-{{- if and $v.rendezvous.tls.enabled (not $v.rendezvous.tls.caSecret) -}}
-{{- fail "rendezvous.tls.caSecret is empty while rendezvous.tls.enabled is true: name the Secret holding ca.crt" -}}
+{{- if and $v.rendezvous.tls.enabled (not (include "elastic-job.rdzvCaSecret" .)) -}}
+{{- fail "rendezvous.tls.caSecret is empty while rendezvous.tls.enabled is true: name the Secret holding ca.crt (or let the bundled etcd's etcd-rendezvous.tls.certManager issue it)" -}}
+{{- end -}}
+{{- if include "elastic-job.etcdEnabled" . -}}
+{{- $etcdTls := (index $v "etcd-rendezvous").tls | default dict -}}
+{{- if and $etcdTls.enabled $etcdTls.clientCertAuth (not (include "elastic-job.rdzvClientSecret" .)) -}}
+{{- fail "rendezvous.tls.clientCertSecret is empty while etcd-rendezvous.tls.clientCertAuth requires client certificates: name a kubernetes.io/tls Secret signed by the etcd CA (or use etcd-rendezvous.tls.certManager)" -}}
+{{- end -}}
 {{- end -}}
 {{- if and $v.rendezvous.tls.clientCertSecret (not $v.rendezvous.tls.enabled) -}}
 {{- fail "rendezvous.tls.clientCertSecret is set but rendezvous.tls.enabled is false: enable TLS or clear it" -}}

@@ -56,6 +56,16 @@ helm.sh/chart: {{ include "etcd-rendezvous.chart" . | quote }}
 {{- printf "%s.%s.svc.%s" (include "etcd-rendezvous.fullname" .) .Release.Namespace (include "etcd-rendezvous.clusterDomain" .) -}}
 {{- end -}}
 
+{{/* The Secret with the server certificate (tls.crt, tls.key, ca.crt). */}}
+{{- define "etcd-rendezvous.serverSecret" -}}
+{{- .Values.tls.existingSecret | default (printf "%s-server-tls" (include "etcd-rendezvous.fullname" .)) -}}
+{{- end -}}
+
+{{/* The Secret cert-manager writes the workers' client certificate to. */}}
+{{- define "etcd-rendezvous.clientSecret" -}}
+{{- printf "%s-client-tls" (include "etcd-rendezvous.fullname" .) -}}
+{{- end -}}
+
 {{- define "etcd-rendezvous.scheme" -}}
 {{- if .Values.tls.enabled }}https{{ else }}http{{ end -}}
 {{- end -}}
@@ -81,8 +91,14 @@ A digest may follow the tag (v3.5.21@sha256:...).
 {{- if or (lt $major 3) (and (eq $major 3) (lt $minor 5)) (and (eq $major 3) (eq $minor 5) (lt $patch 11)) -}}
 {{- fail (printf "image.tag %q is older than 3.5.11, the first release with /livez and /readyz for the probes; pin a 3.5 release, 3.5.11 or later (e.g. v3.5.21)" $tag) -}}
 {{- end -}}
-{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) -}}
-{{- fail "tls.enabled is true but tls.existingSecret is empty: name a Secret holding tls.crt, tls.key and ca.crt" -}}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) (not .Values.tls.certManager.enabled) -}}
+{{- fail "tls.enabled is true but tls.existingSecret is empty: name a Secret holding tls.crt, tls.key and ca.crt, or set tls.certManager.enabled" -}}
+{{- end -}}
+{{- if and .Values.tls.certManager.enabled (not .Values.tls.enabled) -}}
+{{- fail "tls.certManager.enabled needs tls.enabled: true" -}}
+{{- end -}}
+{{- if and .Values.tls.certManager.enabled (not .Values.tls.certManager.issuerRef.name) -}}
+{{- fail "tls.certManager.issuerRef.name is empty: name the cert-manager Issuer or ClusterIssuer that signs the etcd certificates" -}}
 {{- end -}}
 {{- if and .Values.tls.clientCertAuth (not .Values.tls.enabled) -}}
 {{- fail "tls.clientCertAuth needs tls.enabled: true" -}}
