@@ -8,7 +8,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,11 +121,3 @@ def wait_until(
             return
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def agents_cleanup(agents: list[Agent]) -> Iterator[None]:
-    yield
-    for agent in agents:
-        agent.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            agent.wait(10)
