@@ -67,6 +67,10 @@ def test_shared_rendezvous_admits_labelled_clients_of_chosen_namespaces() -> Non
     }
     assert peer["namespaceSelector"]["matchLabels"] == {"example.com/training": "true"}
     assert metrics_rule["ports"] == [{"port": 2381, "protocol": "TCP"}]
+    (scraper,) = metrics_rule["from"]
+    assert scraper["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"
+    }
 
 
 def test_disabled_renders_no_policy() -> None:

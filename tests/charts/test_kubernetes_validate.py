@@ -14,7 +14,7 @@ from chart_render import KUBERNETES_VERSIONS, Case, cases, kubernetes_errors, ob
 from conftest import shared_dir
 
 CASES = cases()
-CRD_GROUPS = ("scheduling.volcano.sh", "cert-manager.io")
+CRD_GROUPS = ("scheduling.volcano.sh", "cert-manager.io", "monitoring.coreos.com")
 
 
 def _is_crd_backed(obj: dict[str, Any]) -> bool:
@@ -113,6 +113,7 @@ def test_crd_objects_validate_against_upstream_crd_schemas() -> None:
             checked.append(f"{case}: {obj['kind']}")
     assert any("ci/gang-values.yaml: PodGroup" in c for c in checked), checked
     assert any("tls-cert-manager.yaml: Certificate" in c for c in checked), checked
+    assert any("etcd-monitoring.yaml: ServiceMonitor" in c for c in checked), checked
 
 
 def test_crd_check_refuses_an_unknown_podgroup_field() -> None:
