@@ -243,27 +243,3 @@ def test_rendered_command_starts_etcd_with_the_v2_api(tmp_path: Path) -> None:
             proc.kill()
             proc.wait(10)
         log.close()
-
-
-def test_cert_manager_issues_server_and_client_certificates() -> None:
-    """tls.certManager: Certificates `<fullname>-server` (the client Service names) and, with
-    clientCertAuth, `<fullname>-client`; the pod mounts the server Secret."""
-    objs = objects(
-        ETCD,
-        sets=[
-            "tls.enabled=true",
-            "tls.clientCertAuth=true",
-            "tls.certManager.enabled=true",
-            "tls.certManager.issuerRef.name=ca",
-        ],
-    )
-    server = one(objs, "Certificate", f"{NAME}-server")
-    assert f"{NAME}.{NAMESPACE}.svc.cluster.local" in server["spec"]["dnsNames"]
-    assert server["spec"]["secretName"] == f"{NAME}-server-tls"
-    assert "server auth" in server["spec"]["usages"]
-    client = one(objs, "Certificate", f"{NAME}-client")
-    assert client["spec"]["secretName"] == f"{NAME}-client-tls"
-    assert client["spec"]["usages"][0] == "client auth"
-    assert server["spec"]["issuerRef"] == client["spec"]["issuerRef"]
-    volumes = {v["name"]: v for v in pod_spec(one(objs, "StatefulSet", NAME))["volumes"]}
-    assert volumes["tls"]["secret"]["secretName"] == f"{NAME}-server-tls"

@@ -1,0 +1,40 @@
+"""templates/serviceaccount.yaml, and each RBAC part switched off."""
+
+from __future__ import annotations
+
+from chart_render import ELASTIC_JOB, RELEASE, objects, of_kind, one, worker_statefulsets
+
+MULTI = ELASTIC_JOB / "ci" / "multigroup-values.yaml"
+SA = f"{RELEASE}-elastic-job"
+
+
+def test_each_part_switches_off() -> None:
+    """rbac.nodeReader.enabled, rbac.scaleDown.enabled and serviceAccount.create."""
+    objs = objects(
+        ELASTIC_JOB,
+        sets=[
+            "rbac.nodeReader.enabled=false",
+            "rbac.scaleDown.enabled=false",
+            "serviceAccount.create=false",
+        ],
+    )
+    for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"):
+        assert not of_kind(objs, kind), kind
+    (sts,) = worker_statefulsets(objs)
+    assert sts["spec"]["template"]["spec"]["serviceAccountName"] == "default"
+
+
+def test_service_account_name_and_annotations() -> None:
+    """serviceAccount.name and .annotations (cloud workload identity); the token is mounted
+    by the worker pods only."""
+    objs = objects(
+        ELASTIC_JOB,
+        sets=["serviceAccount.name=trainer", "serviceAccount.annotations.iam\\.gke\\.io/x=y"],
+    )
+    account = one(objs, "ServiceAccount")
+    assert account["metadata"]["name"] == "trainer"
+    assert account["metadata"]["annotations"] == {"iam.gke.io/x": "y"}
+    assert account["automountServiceAccountToken"] is False
+    assert one(objs, "RoleBinding")["subjects"][0]["name"] == "trainer"
+    (sts,) = worker_statefulsets(objs)
+    assert sts["spec"]["template"]["spec"]["serviceAccountName"] == "trainer"
