@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from chart_render import ELASTIC_JOB, NAMESPACE, RELEASE, objects, one
 
-MULTI = ELASTIC_JOB / "ci" / "multigroup-values.yaml"
 SA = f"{RELEASE}-elastic-job"
 
 

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from chart_render import ELASTIC_JOB, RELEASE, objects, of_kind, one, worker_statefulsets
-
-MULTI = ELASTIC_JOB / "ci" / "multigroup-values.yaml"
-SA = f"{RELEASE}-elastic-job"
+from chart_render import ELASTIC_JOB, objects, of_kind, one, worker_statefulsets
 
 
 def test_each_part_switches_off() -> None:
