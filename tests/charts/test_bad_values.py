@@ -117,7 +117,8 @@ CASES = [
     Bad(
         "last-call-not-below-join",
         "rendezvous.lastCallTimeout",
-        ("rendezvous.lastCallTimeout=600",),
+        ("rendezvous.joinTimeout=60", "rendezvous.lastCallTimeout=60"),
+        also=("rendezvous.joinTimeout",),
     ),
     Bad("last-call-not-integer", "rendezvous.lastCallTimeout", ("rendezvous.lastCallTimeout=1.5",)),
     Bad(
