@@ -89,3 +89,22 @@ def test_queue_and_priority_class() -> None:
 def test_no_podgroup_by_default() -> None:
     """gang.volcano.enabled=false (default): no PodGroup (no CRD needed)."""
     assert not of_kind(objects(ELASTIC_JOB), "PodGroup")
+
+
+def test_min_resources_leave_out_what_some_group_does_not_request() -> None:
+    """A CPU-only group beside a GPU group: the GPU is not in minResources (the smallest
+    gang may need none)."""
+    objs = objects(
+        ELASTIC_JOB,
+        sets=[
+            "gang.volcano.enabled=true",
+            "job.minNodes=2",
+            "job.maxNodes=3",
+            "worker.resources.requests.cpu=4",
+            "workerGroups.default=null",
+            "workerGroups.gpu.replicas=2",
+            "workerGroups.gpu.gpus=1",
+            "workerGroups.cpu.replicas=1",
+        ],
+    )
+    assert one(objs, "PodGroup")["spec"]["minResources"] == {"cpu": "8"}
