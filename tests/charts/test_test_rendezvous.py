@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from chart_render import ELASTIC_JOB, RELEASE, etcd_statefulset, objects, of_kind, one, selects
@@ -104,3 +105,17 @@ def test_script_fails_against_etcd_without_the_v2_api(etcd_factory: Callable[...
     proc = _run_script(server.endpoint)
     assert proc.returncode != 0
     assert "v2 API" in proc.stderr
+
+
+def test_secret_files_are_readable_by_the_pods_user() -> None:
+    """Every Secret volume of the rendezvous TLS is readable: mode 0440 only with an
+    fsGroup the container's user belongs to (here and in the workers and etcd)."""
+    objs = objects(ELASTIC_JOB, values=[Path(__file__).parent / "values" / "tls-cert-manager.yaml"])
+    for obj in objs:
+        if obj["kind"] not in ("Pod", "StatefulSet"):
+            continue
+        spec = obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]["spec"]
+        for volume in spec.get("volumes", []):
+            mode = volume.get("secret", {}).get("defaultMode", 0o644)
+            if mode & 0o004 == 0:
+                assert spec["securityContext"].get("fsGroup"), obj["metadata"]["name"]
