@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from elastic_worker import config, launch
 from elastic_worker.netif import Choice
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+from torch.distributed.launcher.api import LaunchConfig
 
 ENV = {
     "ELASTIC_JOB_ID": "default-run42",
@@ -100,3 +102,12 @@ def test_local_address_precedence() -> None:
 def test_exit_code_maps_signals_like_a_shell() -> None:
     assert launch.exit_code(-15) == 143
     assert launch.exit_code(3) == 3
+
+
+def test_torch_reads_the_variables_build_env_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pins the torch 2.13 behaviour docs/recovery.md relies on; fails loudly if it moves."""
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    handler = object.__new__(DynamicRendezvousHandler)
+    assert handler.use_agent_store is False
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "17")
+    assert LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1).shutdown_timeout == 17

@@ -28,7 +28,7 @@ DEFAULT_RDZV_CONF: tuple[tuple[str, str], ...] = (
     ("heartbeat_timeout", "5"),
 )
 DEFAULT_MONITOR_INTERVAL = 0.5
-DEFAULT_MAX_RESTARTS = 10
+DEFAULT_MAX_RESTARTS = 20
 DEFAULT_GATE_TIMEOUT = 300.0
 DEFAULT_GRACE_PERIOD = 30
 DEFAULT_INJECT_ENV = "/etc/inject/env"
