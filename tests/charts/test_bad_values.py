@@ -174,6 +174,12 @@ CASES = [
         also=("lower",),
     ),
     Bad(
+        "label-map-reserved-name",
+        "topology.labelMap.LD_PRELOAD",
+        ("topology.labelMap.LD_PRELOAD={evil.example/label}",),
+    ),
+    Bad("topology-timeout-above-600", "topology.timeoutSeconds", ("topology.timeoutSeconds=601",)),
+    Bad(
         "mesh-required-without-interfaces",
         "mesh.interfaces",
         ("mesh.required=true", "mesh.interfaces="),

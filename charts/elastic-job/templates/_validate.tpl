@@ -69,6 +69,12 @@ do. Included once, from worker-statefulset.yaml (rendered on every install).
 {{- fail (printf "rendezvous.extraConf.%s is set by the chart: use the matching rendezvous.* value instead" $k) -}}
 {{- end -}}
 {{- end -}}
+{{- $reserved := list "ENV" "HOME" "IFS" "LD_AUDIT" "LD_LIBRARY_PATH" "LD_PRELOAD" "OPTIND" "PATH" "PS1" "PS2" "PS4" "PWD" "PYTHONHOME" "PYTHONPATH" "PYTHONSTARTUP" "SHELL" -}}
+{{- range $name, $_ := $v.topology.labelMap -}}
+{{- if has $name $reserved -}}
+{{- fail (printf "topology.labelMap.%s: %s changes how a shell or the loader behaves and may not come from a node label; choose another variable name" $name $name) -}}
+{{- end -}}
+{{- end -}}
 {{- if and $v.checkpoint.enabled (not $v.checkpoint.existingClaim) -}}
 {{- fail "checkpoint.existingClaim is empty while checkpoint.enabled is true: name an existing PersistentVolumeClaim (ReadWriteMany when pods span nodes)" -}}
 {{- end -}}
