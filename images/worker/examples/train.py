@@ -105,12 +105,23 @@ def batch(step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, tor
 
 
 def read_latest(root: Path) -> int | None:
-    """The step of the newest complete checkpoint, or None."""
+    """The step of the newest complete checkpoint, or None.
+
+    `latest` names it; if that file is missing or names an incomplete directory, the
+    newest step-<n> holding DCP's .metadata (written last by dcp.save) is used.
+    """
     try:
         step = int(json.loads((root / LATEST).read_text())["step"])
+        if (root / f"step-{step}" / ".metadata").exists():
+            return step
     except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return None
-    return step if (root / f"step-{step}" / ".metadata").exists() else None
+        pass
+    complete = [
+        int(p.name.split("-", 1)[1])
+        for p in root.glob("step-*")
+        if p.name.split("-", 1)[1].isdigit() and (p / ".metadata").exists()
+    ]
+    return max(complete, default=None)
 
 
 def save_checkpoint(root: Path, step: int, model: nn.Module, optim: torch.optim.Optimizer) -> None:

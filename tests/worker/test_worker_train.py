@@ -1,0 +1,71 @@
+"""The reference train.py on one node (torchrun --standalone): log lines, checkpoints
+written atomically, resume from the newest complete one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from worker_helpers import BIN, TRAIN
+
+
+def train(ckpt: Path, steps: int, every: int) -> list[str]:
+    result = subprocess.run(  # noqa: PLW1510 - the code is asserted
+        [
+            str(BIN / "torchrun"),
+            "--standalone",
+            "--nproc-per-node=1",
+            str(TRAIN),
+            f"--steps={steps}",
+            f"--checkpoint-every={every}",
+            f"--checkpoint-dir={ckpt}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": f"{BIN}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [line for line in result.stdout.splitlines() if line.startswith("[train]")]
+
+
+def test_lines_checkpoints_and_resume(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    lines = train(ckpt, steps=7, every=3)
+    events = [line.split(" loss=")[0] for line in lines]
+    assert events == [
+        "[train] step=1 world_size=1 restart=0",
+        "[train] step=2 world_size=1 restart=0",
+        "[train] step=3 world_size=1 restart=0",
+        "[train] checkpoint step=3",
+        "[train] step=4 world_size=1 restart=0",
+        "[train] step=5 world_size=1 restart=0",
+        "[train] step=6 world_size=1 restart=0",
+        "[train] checkpoint step=6",
+        "[train] step=7 world_size=1 restart=0",
+        "[train] checkpoint step=7",
+        "[train] done step=7",
+    ]
+    assert json.loads((ckpt / "latest").read_text()) == {"step": 7}
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step-6", "step-7"]
+
+    # A save killed half-way leaves a temporary directory and the old `latest`.
+    partial = ckpt / ".step-9.tmp-deadbeef"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"partial")
+    lines = train(ckpt, steps=9, every=100)
+    assert lines[0] == "[train] resumed step=7"
+    assert lines[1].startswith("[train] step=8 ")
+    assert lines[-1] == "[train] done step=9"
+    assert not partial.exists()
+
+
+def test_a_latest_naming_an_incomplete_checkpoint_falls_back(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    train(ckpt, steps=4, every=2)
+    (ckpt / "step-9").mkdir()  # no .metadata: never completed
+    (ckpt / "latest").write_text(json.dumps({"step": 9}))
+    lines = train(ckpt, steps=5, every=100)
+    assert lines[0] == "[train] resumed step=4"
+    assert lines[-1] == "[train] done step=5"
