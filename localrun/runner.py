@@ -348,6 +348,9 @@ class Runner:
         ps.node = pod.node
         if not pod.in_init:
             ps.exit_code = rc
+            row = self.progress.state.pods.get(pod.name)
+            if row is not None:
+                row.last_exit = rc
         if pod.deleting:
             self.event(f"{pod.name}: {c.name} exited {rc}")
 
