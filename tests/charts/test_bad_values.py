@@ -46,6 +46,12 @@ CASES = [
     ),
     Bad("maxNodes-zero", "job.maxNodes", ("job.maxNodes=0",)),
     Bad("nprocPerNode-zero", "job.nprocPerNode", ("job.nprocPerNode=0",)),
+    Bad("nprocPerNode-unknown-word", "job.nprocPerNode", ("job.nprocPerNode=many",)),
+    Bad(
+        "extra-conf-unknown-key",
+        "rendezvous.extraConf.timeot",
+        ("rendezvous.extraConf.timeot=5",),
+    ),
     Bad("command-empty", "job.command", values="job:\n  command: []\n"),
     Bad("job-id-with-space", "job.id", ("job.id=has space",)),
     Bad(

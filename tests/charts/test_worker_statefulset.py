@@ -699,3 +699,9 @@ def test_cert_manager_secrets_of_the_bundled_etcd_are_used_by_default() -> None:
         volumes["rendezvous-ca"]["secret"]["secretName"],
         volumes["rendezvous-client"]["secret"]["secretName"],
     } <= secrets
+
+
+def test_nproc_per_node_may_be_gpu() -> None:
+    """job.nprocPerNode=gpu passes through (torchrun: one process per visible GPU)."""
+    env = _worker_env(sets=["job.nprocPerNode=gpu", "worker.gpus=8"])
+    assert env["ELASTIC_NPROC_PER_NODE"] == "gpu"

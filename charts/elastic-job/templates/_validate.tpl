@@ -64,11 +64,6 @@ do. Included once, from worker-statefulset.yaml (rendered on every install).
 {{- if ge (float64 $v.rendezvous.lastCallTimeout) (float64 $v.rendezvous.joinTimeout) -}}
 {{- fail (printf "rendezvous.lastCallTimeout (%v) must be shorter than rendezvous.joinTimeout (%v)" $v.rendezvous.lastCallTimeout $v.rendezvous.joinTimeout) -}}
 {{- end -}}
-{{- range $k, $_ := $v.rendezvous.extraConf -}}
-{{- if has $k (list "join_timeout" "last_call_timeout" "close_timeout" "keep_alive_interval" "keep_alive_max_attempt" "protocol" "ca_cert" "ssl_cert" "ssl_cert_key") -}}
-{{- fail (printf "rendezvous.extraConf.%s is set by the chart: use the matching rendezvous.* value instead" $k) -}}
-{{- end -}}
-{{- end -}}
 {{- $reserved := list "ENV" "HOME" "IFS" "LD_AUDIT" "LD_LIBRARY_PATH" "LD_PRELOAD" "OPTIND" "PATH" "PS1" "PS2" "PS4" "PWD" "PYTHONHOME" "PYTHONPATH" "PYTHONSTARTUP" "SHELL" -}}
 {{- range $name, $_ := $v.topology.labelMap -}}
 {{- if has $name $reserved -}}
@@ -93,7 +88,7 @@ do. Included once, from worker-statefulset.yaml (rendered on every install).
 {{- end -}}
 {{- end -}}
 {{- $gpus := $s.gpus | default 0 | int64 -}}
-{{- if and (gt $gpus 0) (gt ($v.job.nprocPerNode | int64) $gpus) -}}
+{{- if and (gt $gpus 0) (not (kindIs "string" $v.job.nprocPerNode)) (gt ($v.job.nprocPerNode | int64) $gpus) -}}
 {{- fail (printf "job.nprocPerNode (%d) exceeds the GPUs per pod of workerGroups.%s (%d): one process per GPU at most" ($v.job.nprocPerNode | int64) $name $gpus) -}}
 {{- end -}}
 {{- $limits := ($s.resources | default dict).limits | default dict -}}
