@@ -346,8 +346,6 @@ class Cluster:
         delay = backoff.next_delay(ran_for)
         pod.next_start = now + delay
         pod.phase = Phase.BACKOFF
-        if not pod.in_init:
-            pod.restarts += 1
         wait = max(pod.next_start, pod.down_until) - now
         pod.message = f"{c.name} exited {rc}; restart in {wait:.0f}s"
         self.hooks.event(f"{pod.name}: {c.name} exited {rc}; back-off {wait:.0f}s")
@@ -441,6 +439,8 @@ class Cluster:
         pod.phase = Phase.INIT if pod.in_init else Phase.RUNNING
         pod.message = ""
         if not pod.in_init:
+            if pod.main_started:
+                pod.restarts += 1  # restartCount: counted when the container starts again
             pod.main_started = True
             pod.env = env
         self.hooks.container_started(pod, c)
