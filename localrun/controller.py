@@ -420,6 +420,8 @@ class Cluster:
         full = container_argv(
             self.network.exec_prefix(pod.name), mounts, pod.name, c.working_dir, argv
         )
+        if not pod.in_init and pod.main_started:
+            pod.restarts += 1  # restartCount: counted when the container starts again
         logfile = self.cfg.logdir / pod.name / f"{c.name}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
         with open(logfile, "a") as fh:
@@ -439,8 +441,6 @@ class Cluster:
         pod.phase = Phase.INIT if pod.in_init else Phase.RUNNING
         pod.message = ""
         if not pod.in_init:
-            if pod.main_started:
-                pod.restarts += 1  # restartCount: counted when the container starts again
             pod.main_started = True
             pod.env = env
         self.hooks.container_started(pod, c)
