@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import (
+from localrun_e2e import (
     ETCD_POD,
     assert_cleaned_up,
     assert_nothing_lost,

@@ -1,4 +1,4 @@
-"""Runs `elastic-local run` on the chart for the end-to-end scenarios and reads what it left.
+"""Helpers of the end-to-end scenarios: `elastic-local run` on the chart, and what it left.
 
 Each scenario shortens training and timeouts with --set so that the whole suite stays
 within about 15 minutes on 2 cores; faults fire at a training step (`@step=N`), not a
@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE = "e2e"
 POD = f"{RELEASE}-elastic-job-default"  # worker pod names: POD-0, POD-1, ...
@@ -31,20 +29,13 @@ def pod(n: int) -> str:
     return f"{POD}-{n}"
 
 
-def _root_with_namespaces() -> str:
+def root_with_namespaces() -> str:
     if os.geteuid() != 0:
         return "needs root for network and mount namespaces"
     for tool in ("ip", "unshare", "etcd"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed: run scripts/bootstrap"
     return ""
-
-
-@pytest.fixture(autouse=True)
-def _needs_root() -> None:
-    reason = _root_with_namespaces()
-    if reason:
-        pytest.skip(reason)
 
 
 @dataclass
@@ -118,6 +109,8 @@ def run_local(
         "--timeout",
         str(timeout),
         "--plain",
+        "--backoff=2:20",
+        "--give-up-after=4",
     ]
     for s in sets:
         cmd += ["--set", s]
