@@ -413,10 +413,11 @@ class Cluster:
             pod.message = f"CreateContainerConfigError: {exc}"
             self.hooks.event(f"{pod.name}: {pod.message}")
             return
-        if not self.network.isolated:
+        if self.network.isolated:
+            for m in mounts:
+                self.mountpoints.ensure(m.target)
+        else:
             env, argv = _loopback_rewrite(env, argv, mounts, self._dns_table())
-        for m in mounts:
-            self.mountpoints.ensure(m.target)
         full = container_argv(
             self.network.exec_prefix(pod.name), mounts, pod.name, c.working_dir, argv
         )
