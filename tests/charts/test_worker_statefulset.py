@@ -312,19 +312,20 @@ def test_rendezvous_settings_become_torchrun_rdzv_conf() -> None:
             "rendezvous.keepAliveMaxAttempt=4",
         ]
     )
-    assert env["ELASTIC_RDZV_CONF"] == (
+    assert env["ELASTIC_RDZV_CONF"].startswith(
         "join_timeout=900,last_call_timeout=2,close_timeout=45,"
-        "keep_alive_interval=3,keep_alive_max_attempt=4"
+        "keep_alive_interval=3,keep_alive_max_attempt=4,"
     )
 
 
 def test_default_rdzv_conf_comes_from_values_yaml() -> None:
     """The defaults live in values.yaml only: the rendered conf matches them."""
     r = DEFAULTS["rendezvous"]
+    extra = "".join(f",{k}={v}" for k, v in sorted(r["extraConf"].items()))
     assert _worker_env()["ELASTIC_RDZV_CONF"] == (
         f"join_timeout={r['joinTimeout']},last_call_timeout={r['lastCallTimeout']},"
         f"close_timeout={r['closeTimeout']},keep_alive_interval={r['keepAliveInterval']},"
-        f"keep_alive_max_attempt={r['keepAliveMaxAttempt']}"
+        f"keep_alive_max_attempt={r['keepAliveMaxAttempt']}{extra}"
     )
     assert _worker_env()["ELASTIC_MONITOR_INTERVAL"] == str(r["monitorInterval"])
     assert _worker_env()["ELASTIC_MAX_RESTARTS"] == str(r["maxRestarts"])
