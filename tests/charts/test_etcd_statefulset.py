@@ -135,6 +135,19 @@ def test_persistence_uses_a_claim_template() -> None:
     assert "data" not in {v["name"] for v in pod_spec(sts).get("volumes", [])}
 
 
+def test_persistence_claim_is_deleted_on_uninstall_unless_retained() -> None:
+    """persistence.retainOnUninstall: a reinstall must not inherit the old job's etcd state
+    (its completion marker would end the new job at once), so the claim goes by default."""
+    sts = _sts(sets=["persistence.enabled=true"])
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {
+        "whenDeleted": "Delete",
+        "whenScaled": "Retain",
+    }
+    kept = _sts(sets=["persistence.enabled=true", "persistence.retainOnUninstall=true"])
+    assert kept["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
+    assert "persistentVolumeClaimRetentionPolicy" not in _sts()["spec"]
+
+
 def test_pod_security_restricted_and_no_token() -> None:
     """PSS restricted, read-only root filesystem, automountServiceAccountToken false."""
     sts = _sts()
