@@ -109,6 +109,7 @@ def test_the_peer_gate_registers_with_a_ttl_and_waits_for_min_nodes(etcd: EtcdSe
         ELASTIC_GATE_PEERS="true",
         ELASTIC_GATE_TIMEOUT="3",
         POD_NAME="peers-worker-0",
+        POD_IP="198.18.0.9",
     )
     code, lines, _ = run_worker(env)
     assert code == 3
@@ -117,7 +118,7 @@ def test_the_peer_gate_registers_with_a_ttl_and_waits_for_min_nodes(etcd: EtcdSe
     with urllib.request.urlopen(url, timeout=5) as resp:
         node = json.loads(resp.read())["node"]
     assert 0 < node["ttl"] <= gate.MEMBER_TTL
-    assert json.loads(node["value"]) == {"pod": "peers-worker-0", "ip": "127.0.0.1"}
+    assert node["value"] == "198.18.0.9"  # docs/contracts.md: the pod IP
 
 
 def test_the_mesh_gate_waits_for_a_mesh_interface(etcd: EtcdServer, tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ def train(ckpt: Path, steps: int, every: int) -> list[str]:
     return [line for line in result.stdout.splitlines() if line.startswith("[train]")]
 
 
-def test_lines_checkpoints_and_resume(tmp_path: Path) -> None:
+def test_lines_checkpoints_resume_and_fallback(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     lines = train(ckpt, steps=7, every=3)
     events = [line.split(" loss=")[0] for line in lines]
@@ -60,12 +60,9 @@ def test_lines_checkpoints_and_resume(tmp_path: Path) -> None:
     assert lines[-1] == "[train] done step=9"
     assert not partial.exists()
 
-
-def test_a_latest_naming_an_incomplete_checkpoint_falls_back(tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt"
-    train(ckpt, steps=4, every=2)
-    (ckpt / "step-9").mkdir()  # no .metadata: never completed
-    (ckpt / "latest").write_text(json.dumps({"step": 9}))
-    lines = train(ckpt, steps=5, every=100)
-    assert lines[0] == "[train] resumed step=4"
-    assert lines[-1] == "[train] done step=5"
+    # `latest` naming a directory without DCP's .metadata: the newest complete one is used.
+    (ckpt / "step-99").mkdir()
+    (ckpt / "latest").write_text(json.dumps({"step": 99}))
+    lines = train(ckpt, steps=10, every=100)
+    assert lines[0] == "[train] resumed step=9"
+    assert lines[-1] == "[train] done step=10"

@@ -8,7 +8,6 @@ what was still missing.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
@@ -141,7 +140,7 @@ class Registration:
         self.client = client
         self.key = f"{config.key_prefix}/members/{config.pod_name}"
         self.dir = f"{config.key_prefix}/members"
-        self.value = json.dumps({"pod": config.pod_name, "ip": address})
+        self.value = address  # docs/contracts.md: the value is the pod IP
         self.min_nodes = config.min_nodes
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

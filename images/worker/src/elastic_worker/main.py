@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cfg.mesh_required:
             later.append(gate.Check("mesh interface", gate.mesh_probe(cfg.mesh_interfaces)))
         if cfg.gate_peers:
-            registration = gate.Registration(client, cfg, local_addr or cfg.pod_ip or "")
+            registration = gate.Registration(client, cfg, cfg.pod_ip or local_addr or "")
             later.append(gate.Check(f"{cfg.min_nodes} peers", registration.probe))
         if later:
             gate.wait(later, max(0.0, deadline - time.monotonic()), stop=stop)
