@@ -169,12 +169,22 @@ class Runner:
         self.event(self.network.describe())
 
         nodes = load_nodes(cfg.profile)
+        # The token the pods get is the worker's service account (the fake has one identity).
+        sa = next(
+            (
+                s["spec"]["template"]["spec"].get("serviceAccountName")
+                for s in rendered.statefulsets
+                if s["spec"]["template"]["spec"].get("serviceAccountName")
+            ),
+            "default",
+        )
         self.api = FakeApiServer(
             nodes,
             host=self.network.host_ip,
             port=0,
             workdir=self.workdir / "api",
             namespace=cfg.namespace,
+            serviceaccount=sa,
         )
         self.api.start()
         for code_path, status in cfg.api_faults:

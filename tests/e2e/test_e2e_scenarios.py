@@ -273,3 +273,15 @@ def test_init_container_forbidden_in_strict_mode_fails_the_pod(tmp_path: Path) -
         assert run.log(pod(n)) == "", "the worker container never started"
     assert "init container init-topology exited" in run.events()
     assert_cleaned_up(run)
+
+
+@pytest.mark.slow
+def test_loopback_fallback_without_namespaces_still_trains(tmp_path: Path) -> None:
+    # What a run without root does (forced here with --loopback): one line says so, pods
+    # share the host network on 127.x addresses, cluster names and mount paths are
+    # substituted in env and args.
+    run = run_local(tmp_path, "--loopback", steps=10, every=5)
+    assert run.rc == 0, run.describe()
+    assert_nothing_lost(run, 10)
+    assert run.stdout.count("no root: pods share the host network on loopback addresses") == 1
+    assert re.search(r"ip 127\.\d+\.\d+\.\d+", run.stdout), run.describe()
