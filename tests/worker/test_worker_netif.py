@@ -61,7 +61,7 @@ def netns() -> Iterator[Netns]:
         subprocess.run(["ip", "netns", "exec", name, "sh", "-c", SETUP], check=True)
 
         def run(
-            *argv: str, check: bool = True, **kwargs: object
+            *argv: str, check: bool = True, env: dict[str, str] | None = None
         ) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
                 ["ip", "netns", "exec", name, *argv],
@@ -69,7 +69,7 @@ def netns() -> Iterator[Netns]:
                 capture_output=True,
                 text=True,
                 timeout=60,
-                **kwargs,  # type: ignore[arg-type]
+                env=env,
             )
 
         yield run

@@ -70,6 +70,6 @@ def test_torchs_etcd_v2_backend_and_store_work_against_real_etcd(etcd: EtcdServe
         state, _token, ok = backend.set_state(b"state-1")  # type: ignore[misc]
         assert ok and state == b"state-1"
         store.set_timeout(timedelta(seconds=5))
-        store.set("k", b"v")
+        store.set("k", "v")
         assert store.get("k") == b"v"
         assert store.add("n", 2) == 2

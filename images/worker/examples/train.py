@@ -157,9 +157,13 @@ def _prune(root: Path, keep: int) -> None:
 
 def load_checkpoint(root: Path, step: int, model: nn.Module, optim: torch.optim.Optimizer) -> None:
     model_sd, optim_sd = get_state_dict(model, optim)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(root / f"step-{step}"), no_dist=True)
-    set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    # dcp.load fills the dicts in place.
+    dcp.load(
+        {"model": model_sd, "optim": optim_sd},
+        checkpoint_id=str(root / f"step-{step}"),
+        no_dist=True,
+    )
+    set_state_dict(model, optim, model_state_dict=model_sd, optim_state_dict=optim_sd)
 
 
 def main(argv: list[str] | None = None) -> int:
