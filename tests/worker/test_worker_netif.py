@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -129,14 +130,13 @@ def test_lo_and_docker0_are_never_chosen(netns: Netns, endpoint: str, via: str) 
     )
 
 
-def test_the_entrypoint_logs_the_choice_once_and_exports_it(netns: Netns, tmp_path: Path) -> None:
-    """elastic-worker in the namespace, with a real etcd there; torchrun is replaced by a
-    command that prints what it was given (min=max=1, so the rendezvous forms alone)."""
-    data = tmp_path / "etcd"
-    etcd = subprocess.Popen(
+@pytest.fixture
+def netns_etcd(netns: Netns, tmp_path: Path) -> Iterator[str]:
+    """A real etcd inside the namespace, on eth0's address."""
+    proc = subprocess.Popen(
         [
             "ip", "netns", "exec", f"ewt-{os.getpid()}", "etcd", "--name=default",
-            f"--data-dir={data}",
+            f"--data-dir={tmp_path / 'etcd'}",
             "--listen-client-urls=http://198.18.1.2:2379",
             "--advertise-client-urls=http://198.18.1.2:2379",
             "--listen-peer-urls=http://127.0.0.1:2380",
@@ -148,24 +148,64 @@ def test_the_entrypoint_logs_the_choice_once_and_exports_it(netns: Netns, tmp_pa
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        env = worker_env("198.18.1.2:2379", "netif", ELASTIC_MIN_NODES="1", ELASTIC_MAX_NODES="1")
-        for key in ("GLOO_SOCKET_IFNAME", "ELASTIC_LOCAL_ADDR"):
-            env.pop(key)
-        script = tmp_path / "show.py"
-        script.write_text(
-            "import os\n"
-            "print('SEEN', os.environ['NCCL_SOCKET_IFNAME'], os.environ['GLOO_SOCKET_IFNAME'],"
-            " os.environ['TORCH_ELASTIC_SHUTDOWN_TIMEOUT'], flush=True)\n"
-        )
-        result = netns(str(WORKER), "python", str(script), env=env, check=False)
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert "SEEN =eth0 eth0 25" in result.stdout
-        choice_lines = [line for line in result.stderr.splitlines() if "interface eth0:" in line]
-        assert choice_lines == [
-            "elastic-worker: interface eth0: no mesh interface is up; "
-            "eth0 (198.18.1.2) routes to 198.18.1.2"
-        ]
-        assert "--local-addr=198.18.1.2" in result.stderr
+        yield "198.18.1.2:2379"
     finally:
-        etcd.terminate()
-        etcd.wait(10)
+        proc.terminate()
+        proc.wait(10)
+
+
+SHOW = (
+    "import os\n"
+    "print('SEEN', os.environ['NCCL_SOCKET_IFNAME'], os.environ['GLOO_SOCKET_IFNAME'],"
+    " os.environ['TORCH_ELASTIC_SHUTDOWN_TIMEOUT'], flush=True)\n"
+)
+
+
+def entrypoint_env(endpoint: str, job: str, **extra: str) -> dict[str, str]:
+    """min = max = 1, so the rendezvous forms alone; no interface preset."""
+    env = worker_env(endpoint, job, ELASTIC_MIN_NODES="1", ELASTIC_MAX_NODES="1", **extra)
+    for key in ("GLOO_SOCKET_IFNAME", "ELASTIC_LOCAL_ADDR"):
+        env.pop(key)
+    return env
+
+
+def test_the_entrypoint_logs_the_choice_once_and_exports_it(
+    netns: Netns, netns_etcd: str, tmp_path: Path
+) -> None:
+    """elastic-worker in the namespace; the "training" script prints what it was given."""
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    result = netns(str(WORKER), "python", str(script), env=entrypoint_env(netns_etcd, "netif"),
+                   check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SEEN =eth0 eth0 25" in result.stdout
+    choice_lines = [line for line in result.stderr.splitlines() if "interface eth0:" in line]
+    assert choice_lines == [
+        "elastic-worker: interface eth0: no mesh interface is up; "
+        "eth0 (198.18.1.2) routes to 198.18.1.2"
+    ]
+    assert "--local-addr=198.18.1.2" in result.stderr
+
+
+def test_a_required_mesh_is_waited_for_then_chosen(
+    netns: Netns, netns_etcd: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    env = entrypoint_env(netns_etcd, "mesh-up", ELASTIC_MESH_REQUIRED="true",
+                         ELASTIC_GATE_TIMEOUT="60")  # fmt: skip
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", f"ewt-{os.getpid()}", str(WORKER), "python", str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(3)
+    assert proc.poll() is None  # still waiting for wg0
+    netns("ip", "link", "set", "wg0", "up")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    assert "SEEN =wg0 wg0 25" in out
+    assert "elastic-worker: interface wg0: mesh interface wg0 is up (matches wg*)" in err
+    assert "--local-addr=198.18.200.2" in err  # the mesh address, not eth0's

@@ -79,24 +79,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return EXIT_OK
 
+        if cfg.mesh_required:  # before the choice, so that the mesh interface is chosen
+            mesh_check = gate.Check("mesh interface", gate.mesh_probe(cfg.mesh_interfaces))
+            gate.wait([mesh_check], max(0.0, deadline - time.monotonic()), stop=stop)
+
         choice, reason = netif.choose(cfg.mesh_interfaces, resolver.address, cfg.endpoint.port)
         mesh = choice is not None and cfg.matches_mesh(choice.name)
         if choice is None:
             logger.info("leaving NCCL/GLOO_SOCKET_IFNAME unset: %s", reason)
         elif cfg.nccl_socket_ifname and cfg.gloo_socket_ifname:
-            logger.info("NCCL/GLOO_SOCKET_IFNAME set by the user; would have chosen %s", reason)
+            logger.info(
+                "NCCL_SOCKET_IFNAME=%s and GLOO_SOCKET_IFNAME=%s set by the user "
+                "(the automatic choice would be %s: %s)",
+                cfg.nccl_socket_ifname,
+                cfg.gloo_socket_ifname,
+                choice.name,
+                reason,
+            )
         else:
             logger.info("interface %s: %s", choice.name, reason)
         local_addr = launch.local_address(cfg, choice, mesh)
 
-        later: list[gate.Check] = []
-        if cfg.mesh_required:
-            later.append(gate.Check("mesh interface", gate.mesh_probe(cfg.mesh_interfaces)))
         if cfg.gate_peers:
             registration = gate.Registration(client, cfg, cfg.pod_ip or local_addr or "")
-            later.append(gate.Check(f"{cfg.min_nodes} peers", registration.probe))
-        if later:
-            gate.wait(later, max(0.0, deadline - time.monotonic()), stop=stop)
+            peers = gate.Check(f"{cfg.min_nodes} peers", registration.probe)
+            gate.wait([peers], max(0.0, deadline - time.monotonic()), stop=stop)
     except gate.Fatal as exc:
         logger.error("%s", exc)
         return EXIT_NO_V2
