@@ -152,3 +152,23 @@ def test_the_console_script_prints_one_line_and_exits_2(tmp_path: Path) -> None:
     assert lines == [
         "elastic-worker: ELASTIC_MIN_NODES is not set: give an integer >= 1",
     ], result.stderr
+
+
+def test_a_python_without_torch_is_a_bad_setting() -> None:
+    """The entrypoint under an interpreter that cannot import torch (system python)."""
+    python = "/usr/bin/python3"
+    probe = subprocess.run([python, "-c", "import torch"], capture_output=True, check=False)
+    if probe.returncode == 0:
+        pytest.skip(f"{python} has torch")
+    src = WORKER.parents[2] / "images" / "worker" / "src"
+    env = {**BASE, "PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"}
+    code = "import sys; from elastic_worker.main import main; sys.exit(main())"
+    result = subprocess.run(  # noqa: PLW1510 - the code is asserted
+        [python, "-c", code, "python", "train.py"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"torch is not installed for {python}" in result.stderr

@@ -9,6 +9,7 @@ Settings come from the environment the chart sets and /etc/inject/env
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shlex
@@ -56,6 +57,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = config.load(args)
     except config.ConfigError as exc:
         logger.error("%s", exc)
+        return EXIT_CONFIG
+
+    if importlib.util.find_spec("torch") is None:
+        logger.error(
+            "torch is not installed for %s: build the image FROM a PyTorch image "
+            "(BASE_IMAGE) or install torch",
+            sys.executable,
+        )
         return EXIT_CONFIG
 
     client = etcdv2.Client(cfg.endpoint.url)
