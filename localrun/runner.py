@@ -275,6 +275,7 @@ class Runner:
                     assert self.network is not None
                     self.network.set_link(pod, True)
                     self.event(f"{pod}: link up (partition over)")
+                    self.summary.pod_started(pod, self._rel(now), "link up")
             self.cluster.reconcile(now)
             self._refresh_view()
             done = self._finished(now)

@@ -64,14 +64,15 @@ class Summary:
     _resuming: int | None = None  # resumed step seen since the pending faults
     _resumed_after_fault: bool = False
     _started: bool = False
-    _last_pod_start: tuple[str, float] | None = None
+    _last_pod_start: tuple[str, float, str] | None = None
 
     def fault(self, t: float, cause: str) -> None:
         self.faults.append({"at": round(t, 2), "fault": cause})
         self._pending.append(Reform(cause, t))
 
-    def pod_started(self, pod: str, t: float) -> None:
-        self._last_pod_start = (pod, t)
+    def pod_started(self, pod: str, t: float, what: str = "joined") -> None:
+        """A worker that may join the group: its container started, or its link came back."""
+        self._last_pod_start = (pod, t, what)
 
     def train(self, pod: str, t: float, ev: TrainEvent) -> None:
         if ev.kind == "checkpoint":
@@ -107,9 +108,9 @@ class Summary:
             self._pending = []
             self._resumed_after_fault = False
         elif self._started and changed:
-            who, since = self._last_pod_start or ("", t)
+            who, since, what = self._last_pod_start or ("", t, "")
             r = Reform(
-                f"world size {self._world} -> {world}" + (f" ({who} joined)" if who else ""), since
+                f"world size {self._world} -> {world}" + (f" ({who} {what})" if who else ""), since
             )
             r.seconds = t - since
             r.world_size = world

@@ -98,3 +98,18 @@ def test_a_fault_without_a_reform_is_reported_unresolved() -> None:
     (r,) = s.as_dict()["reforms"]
     assert r["seconds"] is None
     assert "no training step" in r["note"]
+
+
+def test_a_grow_after_a_partition_names_the_link_that_came_back() -> None:
+    s = Summary()
+    t = _steps(s, 0, 1, 5, 3)
+    s.fault(t, "partition p1 for 20s")
+    s.train("p0", t + 30, TrainEvent("resumed", 5))
+    t = _steps(s, t + 31, 6, 8, 2, restart=1)
+    s.pod_started("p1", t, "link up")
+    s.train("p0", t + 9, TrainEvent("resumed", 8))
+    _steps(s, t + 10, 9, 10, 3, restart=2)
+    part, grow = s.as_dict()["reforms"]
+    assert part["cause"].startswith("partition p1") and part["world_size"] == 2
+    assert grow["cause"] == "world size 2 -> 3 (p1 link up)"
+    assert grow["seconds"] == 10
