@@ -335,8 +335,8 @@ class LoopbackNetwork(Network):
 
     def describe(self) -> str:
         return (
-            f"no root: pods share the host network on loopback addresses {self.subnet} "
-            "(no network or mount namespaces; DNS names are substituted in env values)"
+            "no namespaces (not root, or --loopback): pods share the host network on "
+            f"{self.subnet}; cluster DNS names and mount paths are substituted in env and args"
         )
 
     def setup(self) -> None:

@@ -283,5 +283,5 @@ def test_loopback_fallback_without_namespaces_still_trains(tmp_path: Path) -> No
     run = run_local(tmp_path, "--loopback", steps=10, every=5)
     assert run.rc == 0, run.describe()
     assert_nothing_lost(run, 10)
-    assert run.stdout.count("no root: pods share the host network on loopback addresses") == 1
+    assert run.stdout.count("no namespaces (not root, or --loopback): pods share the host") == 1
     assert re.search(r"ip 127\.\d+\.\d+\.\d+", run.stdout), run.describe()
