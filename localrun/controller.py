@@ -47,7 +47,7 @@ class Backoff:
     def next_delay(self, ran_for: float) -> float:
         if ran_for >= self.reset_after:
             self.failures = 0
-        delay = min(self.cap, self.base * (2**self.failures))
+        delay = float(min(self.cap, self.base * (2.0**self.failures)))
         self.failures += 1
         return delay
 

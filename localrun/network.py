@@ -29,7 +29,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-RANGE = ipaddress.ip_network("198.18.0.0/15")
+RANGE = ipaddress.IPv4Network("198.18.0.0/15")
 STATE_DIR = Path("/run/elastic-local")
 NETNS_ETC = Path("/etc/netns")
 
@@ -143,21 +143,21 @@ def _state_lock() -> Iterator[None]:
 
 def used_ipv4_networks() -> list[ipaddress.IPv4Network]:
     out = run_ip("-o", "-4", "addr", "show").stdout
-    nets = []
+    nets: list[ipaddress.IPv4Network] = []
     for line in out.splitlines():
         parts = line.split()
         if "inet" in parts:
-            nets.append(ipaddress.ip_interface(parts[parts.index("inet") + 1]).network)
+            nets.append(ipaddress.IPv4Interface(parts[parts.index("inet") + 1]).network)
     return nets
 
 
 def pick_subnet(used: Iterable[ipaddress.IPv4Network], seed: int) -> ipaddress.IPv4Network:
     """A /24 of 198.18.0.0/15 that overlaps none in use, starting at a seed (the pid)."""
-    subnets = list(RANGE.subnets(new_prefix=24))
-    used = list(used)
+    subnets: list[ipaddress.IPv4Network] = list(RANGE.subnets(new_prefix=24))
+    taken = list(used)
     for i in range(len(subnets)):
         cand = subnets[(seed + i) % len(subnets)]
-        if not any(cand.overlaps(u) for u in used):
+        if not any(cand.overlaps(u) for u in taken):
             return cand
     raise NetworkError("no free /24 left in 198.18.0.0/15")
 
@@ -341,8 +341,9 @@ class LoopbackNetwork(Network):
 
     def setup(self) -> None:
         pid = os.getpid()
-        self.subnet = ipaddress.ip_network(f"127.{100 + (pid >> 8) % 100}.{pid % 256}.0/24")
-        self.host_ip = str(self.subnet.network_address + 1)
+        subnet = ipaddress.IPv4Network(f"127.{100 + (pid >> 8) % 100}.{pid % 256}.0/24")
+        self.subnet = subnet
+        self.host_ip = str(subnet.network_address + 1)
 
     def add_pod(self, pod: str, incarnation: int) -> PodNet:
         pn = PodNet(pod, "", self.address(pod))
