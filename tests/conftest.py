@@ -6,10 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from testlib import HELMS, ROOT, EtcdServer, free_port, shared_dir, start_etcd
-
-# Re-exported for modules that still say `from conftest import ...`; prefer testlib.
-__all__ = ["EtcdServer", "free_port", "shared_dir", "start_etcd"]
+from testlib import HELMS, ROOT, EtcdServer, start_etcd
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 import yaml
 from chart_render import EXAMPLES, ROOT, objects
-from conftest import shared_dir
+from testlib import shared_dir
 
 APPLICATION = EXAMPLES / "argocd" / "application.yaml"
 

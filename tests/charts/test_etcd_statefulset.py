@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from chart_render import ELASTIC_JOB, ETCD, NAMESPACE, RELEASE, container, objects, one, pod_spec
-from conftest import free_port
+from testlib import free_port
 
 NAME = f"{RELEASE}-etcd-rendezvous"
 

@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from chart_render import KUBERNETES_VERSIONS, Case, cases, kubernetes_errors, objects
-from conftest import shared_dir
+from testlib import shared_dir
 
 CASES = cases()
 CRD_GROUPS = ("scheduling.volcano.sh", "cert-manager.io", "monitoring.coreos.com")

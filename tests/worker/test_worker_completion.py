@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer
 from elastic_worker import completion, config, etcdv2, launch
+from testlib import EtcdServer
 
 from localrun.apiserver import FakeApiServer
 

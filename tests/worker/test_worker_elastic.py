@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer
 from elastic_worker import etcdv2
+from testlib import EtcdServer
 from worker_helpers import TRAIN, Agent, descendants, wait_until, worker_env
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import EtcdServer, free_port
 from elastic_worker import gate
+from testlib import EtcdServer, free_port
 from worker_helpers import WORKER, worker_env
 
 

@@ -16,7 +16,7 @@ from importlib.metadata import version
 import etcd as python_etcd
 import pytest
 import urllib3
-from conftest import EtcdServer
+from testlib import EtcdServer
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import create_backend
 from worker_helpers import ROOT
