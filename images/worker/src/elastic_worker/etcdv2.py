@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 5.0
 _KEY_NOT_FOUND = 100
+_COMPARE_FAILED = 101
 _NODE_EXISTS = 105
 
 
@@ -42,6 +43,10 @@ class KeyNotFound(EtcdError):
 
 class NodeExists(EtcdError):
     pass
+
+
+class CompareFailed(EtcdError):
+    """A compare-and-swap found another value than the one expected."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,8 @@ class Client:
                 raise KeyNotFound(message) from None
             if code == _NODE_EXISTS:
                 raise NodeExists(message) from None
+            if code == _COMPARE_FAILED:
+                raise CompareFailed(message) from None
             raise EtcdError(f"etcd error {code}: {message}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -114,13 +121,25 @@ class Client:
             return None
 
     def set(
-        self, key: str, value: str, *, ttl: int | None = None, prev_exist: bool | None = None
+        self,
+        key: str,
+        value: str,
+        *,
+        ttl: int | None = None,
+        prev_exist: bool | None = None,
+        prev_value: str | None = None,
     ) -> Node:
+        """Write a key; `prev_exist`/`prev_value` make it a compare-and-swap
+        (NodeExists, KeyNotFound or CompareFailed when the comparison fails)."""
         form = {"value": value}
         if ttl is not None:
             form["ttl"] = str(ttl)
-        query = None if prev_exist is None else {"prevExist": str(prev_exist).lower()}
-        return _node(self._request("PUT", key, query, form)["node"])
+        query: dict[str, str] = {}
+        if prev_exist is not None:
+            query["prevExist"] = str(prev_exist).lower()
+        if prev_value is not None:
+            query["prevValue"] = prev_value
+        return _node(self._request("PUT", key, query or None, form)["node"])
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(KeyNotFound):

@@ -84,14 +84,21 @@ def local_address(config: Config, choice: Choice | None, mesh: bool) -> str | No
     return choice.address if choice is not None and choice.address else None
 
 
-def build_argv(config: Config, local_addr: str | None, python: str = sys.executable) -> list[str]:
+def build_argv(
+    config: Config,
+    local_addr: str | None,
+    python: str = sys.executable,
+    *,
+    rdzv_id: str | None = None,
+) -> list[str]:
+    """torchrun's command line; `rdzv_id` defaults to the job id (epoch 0, epoch.py)."""
     argv = [
         python,
         "-m",
         "torch.distributed.run",
         "--rdzv-backend=etcd-v2",
         f"--rdzv-endpoint={config.endpoint}",
-        f"--rdzv-id={config.job_id}",
+        f"--rdzv-id={rdzv_id or config.job_id}",
         f"--nnodes={config.min_nodes}:{config.max_nodes}",
         f"--nproc-per-node={config.nproc_per_node}",
         f"--max-restarts={config.max_restarts}",
@@ -221,6 +228,16 @@ class Supervisor:
             return 0
         code = exit_code(returncode)
         if self.signalled is not None:
+            # The first pod to finish scales the StatefulSets to 0, so pods that are still
+            # leaving get SIGTERM; the job is done, and so are they: exit 0.
+            if self._complete_now():
+                logger.info(
+                    "torchrun exited with %d after %s; job %s is complete: exit 0",
+                    code,
+                    signal.Signals(self.signalled).name,
+                    self.config.job_id,
+                )
+                return 0
             logger.info(
                 "torchrun exited with %d after %s", code, signal.Signals(self.signalled).name
             )
@@ -234,6 +251,13 @@ class Supervisor:
             return 0
         logger.error("torchrun exited with %d", code)
         return code
+
+    def _complete_now(self) -> bool:
+        try:
+            return completion.is_complete(self.client, self.config)
+        except etcdv2.EtcdError as exc:
+            logger.debug("completion check failed: %s", exc)
+            return False
 
     def _mark_complete(self) -> None:
         deadline = time.monotonic() + 30

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-from elastic_worker import completion, config, etcdv2, gate, launch, netif
+from elastic_worker import completion, config, epoch, etcdv2, gate, launch, netif
 
 logger = logging.getLogger(__name__)
 
@@ -127,19 +127,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_GATE_TIMEOUT
 
     env, added = launch.build_env(cfg, choice, os.environ)
-    torchrun = launch.build_argv(cfg, local_addr)
     logger.info("environment: %s", " ".join(f"{k}={v}" for k, v in sorted(added.items())))
-    logger.info("starting: %s", shlex.join(torchrun))
-    supervisor = launch.Supervisor(torchrun, env, cfg, client)
-    if stop.is_set():
-        return 128 + signal.SIGTERM
     if registration is not None:
         registration.start()
     try:
-        return supervisor.run()
+        epoch_now = epoch.current(client, cfg)
+        for reopen in range(epoch.MAX_REOPENS + 1):
+            if stop.is_set():
+                return 128 + signal.SIGTERM
+            rdzv_id = epoch.run_id(cfg, epoch_now)
+            torchrun = launch.build_argv(cfg, local_addr, rdzv_id=rdzv_id)
+            logger.info("starting: %s", shlex.join(torchrun))
+            supervisor = launch.Supervisor(torchrun, env, cfg, client)
+            code = supervisor.run()
+            if code == 0 or supervisor.signalled is not None or reopen == epoch.MAX_REOPENS:
+                return code
+            if not _closed_early(cfg, rdzv_id):
+                return code
+            epoch_now = epoch.advance(client, cfg, epoch_now)
+            logger.warning(
+                "rendezvous %s was closed before the job completed (an agent failed, "
+                "e.g. while etcd was away): joining rendezvous %s",
+                rdzv_id,
+                epoch.run_id(cfg, epoch_now),
+            )
+        return code
+    except etcdv2.EtcdError as exc:
+        logger.error("etcd at %s failed: %s", cfg.endpoint, exc)
+        return EXIT_GATE_TIMEOUT
     finally:
         if registration is not None:
             registration.stop()
+
+
+def _closed_early(cfg: config.Config, rdzv_id: str) -> bool:
+    """True when torch closed `rdzv_id` although the job is not complete; False when it
+    is open or etcd cannot say (the kubelet's restart and the gate take it from there)."""
+    try:
+        return epoch.rendezvous_closed(cfg, rdzv_id)
+    except Exception as exc:  # noqa: BLE001 - torch raises its own and etcd's errors
+        logger.info("could not ask whether rendezvous %s is closed: %s", rdzv_id, exc)
+        return False
 
 
 if __name__ == "__main__":

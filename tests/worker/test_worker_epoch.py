@@ -1,0 +1,121 @@
+"""Rendezvous epochs: a rendezvous torch closed before the job completed is replaced by a
+new one (`<job>-r<N>`), agreed on through a compare-and-swap under the project's prefix."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from elastic_worker import completion, config, epoch, etcdv2, launch
+from testlib import EtcdServer
+from worker_helpers import TRAIN, Agent, worker_env
+
+
+def _config(etcd: EtcdServer, job: str) -> config.Config:
+    env = worker_env(etcd.endpoint, job, POD_NAME="w0")
+    return config.load(["python", "train.py"], env)
+
+
+def test_epoch_starts_at_the_job_id_and_advances_once_per_closed_rendezvous(
+    etcd: EtcdServer,
+) -> None:
+    """Two pods that both saw epoch N closed agree on N + 1, not N + 2."""
+    cfg = _config(etcd, "cas")
+    client = etcdv2.Client(etcd.url)
+    assert epoch.current(client, cfg) == 0
+    assert epoch.run_id(cfg, 0) == "cas"
+    results: list[int] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(epoch.advance(client, cfg, 0)))
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert results == [1, 1, 1, 1]
+    assert epoch.advance(client, cfg, 1) == 2
+    assert epoch.advance(client, cfg, 1) == 2  # a late pod with a stale view catches up
+    assert epoch.current(client, cfg) == 2
+    assert epoch.run_id(cfg, 2) == "cas-r2"
+
+
+def test_rendezvous_closed_is_torchs_own_answer(etcd: EtcdServer) -> None:
+    """Pins torch's public handler API (is_closed/set_closed on the etcd-v2 handler): if a
+    torch upgrade changes it, this fails instead of the job looping or giving up."""
+    cfg = _config(etcd, "closed")
+    assert epoch.rendezvous_closed(cfg, "closed") is False
+    _close_rendezvous(cfg, "closed")
+    assert epoch.rendezvous_closed(cfg, "closed") is True
+    assert epoch.rendezvous_closed(cfg, "closed-r1") is False
+
+
+def _close_rendezvous(cfg: config.Config, rdzv_id: str) -> None:
+    """Close a rendezvous as torch's launch_agent does when an agent fails."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters  # noqa: PLC0415
+    from torch.distributed.elastic.rendezvous.registry import (  # noqa: PLC0415
+        get_rendezvous_handler,
+    )
+
+    params = RendezvousParameters(
+        backend="etcd-v2",
+        endpoint=str(cfg.endpoint),
+        run_id=rdzv_id,
+        min_nodes=cfg.min_nodes,
+        max_nodes=cfg.max_nodes,
+        **dict(cfg.rdzv_conf),
+    )
+    get_rendezvous_handler(params).set_closed()
+
+
+@pytest.mark.parametrize("complete", [True, False], ids=["complete", "not-complete"])
+def test_sigterm_after_completion_exits_0(etcd: EtcdServer, complete: bool) -> None:
+    """A pod stopped by the scale-down that follows completion exits 0; a pod stopped
+    while the job still runs (spot reclaim) keeps torchrun's code."""
+    cfg = _config(etcd, f"term-{complete}")
+    client = etcdv2.Client(etcd.url)
+    if complete:
+        completion.mark_complete(client, cfg)
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    supervisor = launch.Supervisor(argv, {}, cfg, client, completion_poll=60)
+    timer = threading.Timer(1.0, supervisor.forward, args=(15,))
+    timer.start()
+    try:
+        code = supervisor.run()
+    finally:
+        timer.cancel()
+    assert code == (0 if complete else 128 + 15)
+
+
+@pytest.mark.slow
+def test_a_rendezvous_closed_by_a_failed_agent_does_not_end_the_job(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """torch closed the job's rendezvous (as after an etcd outage): the agents move to
+    `<job>-r1` together, train to the end and exit 0."""
+    job = "reopen"
+    cfg = _config(etcd, job)
+    _close_rendezvous(cfg, job)
+    args = ["python", str(TRAIN), "--checkpoint-dir", str(tmp_path / "ckpt")]
+    args += ["--steps", "6", "--checkpoint-every", "3", "--step-seconds", "0.1"]
+    agents = [
+        Agent.start(
+            f"w{i}",
+            args,
+            worker_env(etcd.endpoint, job, POD_NAME=f"w{i}", ELASTIC_MAX_NODES="2"),
+            tmp_path / f"w{i}.log",
+        )
+        for i in range(2)
+    ]
+    try:
+        codes = [agent.wait(240) for agent in agents]
+    finally:
+        for agent in agents:
+            agent.kill()
+    assert codes == [0, 0], [a.text()[-3000:] for a in agents]
+    for agent in agents:
+        assert f"joining rendezvous {job}-r1" in agent.text()
+        assert agent.train_lines()[-1] == "[train] done step=6"
+    assert etcdv2.Client(etcd.url).get_value(f"/elastic-job/{job}/epoch") == "1"
