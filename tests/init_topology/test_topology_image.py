@@ -4,6 +4,7 @@ what the tests ran against, and a package that builds and runs from its wheel.""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -70,9 +71,12 @@ def test_requirements_pin_the_whole_closure_at_the_versions_tested() -> None:
 
 
 def test_package_builds_a_wheel_with_the_console_script(tmp_path: Path) -> None:
+    # Built from a copy: setuptools leaves build/ beside the sources it builds.
+    source = tmp_path / "src-copy"
+    shutil.copytree(IMAGE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "--wheel-dir", str(tmp_path), str(IMAGE)],
+         "--wheel-dir", str(tmp_path), str(source)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

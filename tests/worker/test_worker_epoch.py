@@ -54,20 +54,7 @@ def test_rendezvous_closed_is_torchs_own_answer(etcd: EtcdServer) -> None:
 
 def _close_rendezvous(cfg: config.Config, rdzv_id: str) -> None:
     """Close a rendezvous as torch's launch_agent does when an agent fails."""
-    from torch.distributed.elastic.rendezvous import RendezvousParameters  # noqa: PLC0415
-    from torch.distributed.elastic.rendezvous.registry import (  # noqa: PLC0415
-        get_rendezvous_handler,
-    )
-
-    params = RendezvousParameters(
-        backend="etcd-v2",
-        endpoint=str(cfg.endpoint),
-        run_id=rdzv_id,
-        min_nodes=cfg.min_nodes,
-        max_nodes=cfg.max_nodes,
-        **dict(cfg.rdzv_conf),
-    )
-    get_rendezvous_handler(params).set_closed()
+    epoch.handler(cfg, rdzv_id).set_closed()
 
 
 @pytest.mark.parametrize("complete", [True, False], ids=["complete", "not-complete"])

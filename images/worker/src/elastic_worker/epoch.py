@@ -13,9 +13,13 @@ Whether a rendezvous is closed is asked through torch's public handler API
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from elastic_worker import etcdv2
 from elastic_worker.config import Config
+
+if TYPE_CHECKING:  # torch is imported only when a closed rendezvous must be checked
+    from torch.distributed.elastic.rendezvous import RendezvousHandler
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +61,8 @@ def advance(client: etcdv2.Client, config: Config, seen: int) -> int:
         return current(client, config)
 
 
-def rendezvous_closed(config: Config, rdzv_id: str) -> bool:
-    """torch's own answer for `rdzv_id`, through the handler torchrun would create.
-
-    Raises whatever torch raises when etcd cannot answer (the caller then leaves the
-    failure to the kubelet)."""
+def handler(config: Config, rdzv_id: str) -> RendezvousHandler:
+    """The rendezvous handler torchrun creates for `rdzv_id` (torch's public registry)."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters  # noqa: PLC0415
     from torch.distributed.elastic.rendezvous.registry import (  # noqa: PLC0415
         get_rendezvous_handler,
@@ -75,4 +76,10 @@ def rendezvous_closed(config: Config, rdzv_id: str) -> bool:
         max_nodes=config.max_nodes,
         **dict(config.rdzv_conf),
     )
-    return bool(get_rendezvous_handler(params).is_closed())
+    return get_rendezvous_handler(params)
+
+
+def rendezvous_closed(config: Config, rdzv_id: str) -> bool:
+    """torch's own answer for `rdzv_id`. Raises whatever torch raises when etcd cannot
+    answer (the caller then leaves the failure to the kubelet)."""
+    return bool(handler(config, rdzv_id).is_closed())
