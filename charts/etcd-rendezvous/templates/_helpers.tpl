@@ -76,32 +76,34 @@ Render-time checks. The image tag must be a 3.5 release, 3.5.11 or later: /livez
 A digest may follow the tag (v3.5.21@sha256:...).
 */}}
 {{- define "etcd-rendezvous.validate" -}}
+{{- /* As a dependency the user sets these under the chart's name: say so in messages. */ -}}
+{{- $at := ternary "" (printf "%s." .Chart.Name) .Chart.IsRoot -}}
 {{- $tag := .Values.image.tag | toString -}}
 {{- $version := regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" $tag -}}
 {{- if not $version -}}
-{{- fail (printf "image.tag %q is not an etcd release tag (vMAJOR.MINOR.PATCH): pin a 3.5 release, 3.5.11 or later, e.g. v3.5.21" $tag) -}}
+{{- fail (printf "%simage.tag %q is not an etcd release tag (vMAJOR.MINOR.PATCH): pin a 3.5 release, 3.5.11 or later, e.g. v3.5.21" $at $tag) -}}
 {{- end -}}
 {{- $parts := splitList "." (trimPrefix "v" $version) -}}
 {{- $major := index $parts 0 | atoi -}}
 {{- $minor := index $parts 1 | atoi -}}
 {{- $patch := index $parts 2 | atoi -}}
 {{- if or (gt $major 3) (and (eq $major 3) (ge $minor 6)) -}}
-{{- fail (printf "image.tag %q: etcd 3.6 and later removed the v2 API that torch's etcd-v2 rendezvous backend needs; pin a 3.5 release, 3.5.11 or later (e.g. v3.5.21)" $tag) -}}
+{{- fail (printf "%simage.tag %q: etcd 3.6 and later removed the v2 API that torch's etcd-v2 rendezvous backend needs; pin a 3.5 release, 3.5.11 or later (e.g. v3.5.21)" $at $tag) -}}
 {{- end -}}
 {{- if or (lt $major 3) (and (eq $major 3) (lt $minor 5)) (and (eq $major 3) (eq $minor 5) (lt $patch 11)) -}}
-{{- fail (printf "image.tag %q is older than 3.5.11, the first release with /livez and /readyz for the probes; pin a 3.5 release, 3.5.11 or later (e.g. v3.5.21)" $tag) -}}
+{{- fail (printf "%simage.tag %q is older than 3.5.11, the first release with /livez and /readyz for the probes; pin a 3.5 release, 3.5.11 or later (e.g. v3.5.21)" $at $tag) -}}
 {{- end -}}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) (not .Values.tls.certManager.enabled) -}}
-{{- fail "tls.enabled is true but tls.existingSecret is empty: name a Secret holding tls.crt, tls.key and ca.crt, or set tls.certManager.enabled" -}}
+{{- fail (printf "%stls.enabled is true but %stls.existingSecret is empty: name a Secret holding tls.crt, tls.key and ca.crt, or set %stls.certManager.enabled" $at $at $at) -}}
 {{- end -}}
 {{- if and .Values.tls.certManager.enabled (not .Values.tls.enabled) -}}
-{{- fail "tls.certManager.enabled needs tls.enabled: true" -}}
+{{- fail (printf "%stls.certManager.enabled needs %stls.enabled: true" $at $at) -}}
 {{- end -}}
 {{- if and .Values.tls.certManager.enabled (not .Values.tls.certManager.issuerRef.name) -}}
-{{- fail "tls.certManager.issuerRef.name is empty: name the cert-manager Issuer or ClusterIssuer that signs the etcd certificates" -}}
+{{- fail (printf "%stls.certManager.issuerRef.name is empty: name the cert-manager Issuer or ClusterIssuer that signs the etcd certificates" $at) -}}
 {{- end -}}
 {{- if and .Values.tls.clientCertAuth (not .Values.tls.enabled) -}}
-{{- fail "tls.clientCertAuth needs tls.enabled: true" -}}
+{{- fail (printf "%stls.clientCertAuth needs %stls.enabled: true" $at $at) -}}
 {{- end -}}
 {{- end -}}
 
