@@ -77,6 +77,22 @@ def train_command(steps: int, every: int, step_seconds: float) -> str:
     return "job.command={" + ",".join(args) + "}"
 
 
+def runner_argv(release: str) -> list[str]:
+    """`elastic-local run` on the chart with values-examples/cpu-smoke.yaml."""
+    return [
+        sys.executable,
+        "-m",
+        "localrun.main",
+        "run",
+        "--chart",
+        str(ROOT / "charts" / "elastic-job"),
+        "-f",
+        str(ROOT / "values-examples" / "cpu-smoke.yaml"),
+        "--release",
+        release,
+    ]
+
+
 def run_local(
     tmp_path: Path,
     *args: str,
@@ -90,16 +106,7 @@ def run_local(
     out = tmp_path / "out"
     summary_path = tmp_path / "summary.json"
     cmd = [
-        sys.executable,
-        "-m",
-        "localrun.main",
-        "run",
-        "--chart",
-        str(ROOT / "charts" / "elastic-job"),
-        "-f",
-        str(ROOT / "values-examples" / "cpu-smoke.yaml"),
-        "--release",
-        RELEASE,
+        *runner_argv(RELEASE),
         "--set",
         train_command(steps, every, step_seconds),
         "--output",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,11 +26,12 @@ from localrun_e2e import (
     reform,
     root_with_namespaces,
     run_local,
+    runner_argv,
 )
 
 from localrun.network import remove_stale
 
-# No conftest.py here: tests/conftest.py is imported as `conftest` by other test areas.
+# Shared scenario helpers live in localrun_e2e.py, imported by name like tests/testlib.py.
 pytestmark = [
     pytest.mark.netns,
     pytest.mark.skipif(bool(root_with_namespaces()), reason=root_with_namespaces() or "ok"),
@@ -308,16 +308,7 @@ def _start_runner(tmp_path: Path) -> tuple[subprocess.Popen[str], list[str]]:
     """The runner in the background; returns it and the lines it printed until the
     worker containers started."""
     cmd = [
-        sys.executable,
-        "-m",
-        "localrun.main",
-        "run",
-        "--chart",
-        str(ROOT / "charts" / "elastic-job"),
-        "-f",
-        str(ROOT / "values-examples" / "cpu-smoke.yaml"),
-        "--release",
-        "e2eint",
+        *runner_argv("e2eint"),
         "--plain",
         "--output",
         str(tmp_path / "out"),
