@@ -19,12 +19,59 @@ TOOLS = ROOT / ".tools"
 HELMS = {"helm3": TOOLS / "helm3" / "helm", "helm4": TOOLS / "helm4" / "helm"}
 
 
+# The upstream CRDs the tests validate against, at the commits ../shared/crds/README.md
+# names: fetched into .tools/shared-cache when ../shared is not beside the checkout.
+_RAW = "https://raw.githubusercontent.com"
+UPSTREAM_CRDS = {
+    "volcano/scheduling.volcano.sh_podgroups.yaml": (
+        "volcano-sh/volcano/ed72c7c815a9fd547a787134676f73d42e9d049c",
+        "config/crd/volcano/bases/scheduling.volcano.sh_podgroups.yaml",
+    ),
+    "volcano/scheduling.volcano.sh_queues.yaml": (
+        "volcano-sh/volcano/ed72c7c815a9fd547a787134676f73d42e9d049c",
+        "config/crd/volcano/bases/scheduling.volcano.sh_queues.yaml",
+    ),
+    "prometheus-operator/monitoring.coreos.com_servicemonitors.yaml": (
+        "prometheus-operator/prometheus-operator/6adcebc5076c34f4f55f8f5f7b1e528929373ac7",
+        "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
+    ),
+    "argo-cd/application-crd.yaml": (
+        "argoproj/argo-cd/37ee0097cf851bc2dd7665fc081bbce61a7e836e",
+        "manifests/crds/application-crd.yaml",
+    ),
+    "cert-manager/certificates.yaml": (
+        "cert-manager/cert-manager/2d0d7f7f74241a9cbf79f0e2a7bb247238ee09fd",
+        "deploy/crds/cert-manager.io_certificates.yaml",
+    ),
+}
+SHARED_CACHE = TOOLS / "shared-cache"
+
+
 def shared_dir() -> Path | None:
-    """../shared beside the checkout (developers and CI); None in a user's clone."""
+    """../shared beside the checkout (developers and CI), else the same CRDs fetched from
+    upstream into .tools/shared-cache (a user's clone, online); None when neither works."""
     for candidate in (os.environ.get("ELASTIC_SHARED_DIR"), ROOT.parent / "shared"):
         if candidate and (Path(candidate) / "crds").is_dir():
             return Path(candidate)
-    return None
+    return _fetch_upstream_crds()
+
+
+def _fetch_upstream_crds() -> Path | None:
+    crds = SHARED_CACHE / "crds"
+    for name, (repo_at_commit, path) in UPSTREAM_CRDS.items():
+        target = crds / name
+        if target.is_file():
+            continue
+        try:
+            with urllib.request.urlopen(f"{_RAW}/{repo_at_commit}/{path}", timeout=10) as resp:
+                data = resp.read()
+        except OSError:
+            return None  # offline: the callers skip and say why
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".part")
+        tmp.write_bytes(data)
+        tmp.replace(target)
+    return SHARED_CACHE
 
 
 def free_port() -> int:

@@ -21,7 +21,10 @@ def test_application_validates_against_the_argo_cd_crd() -> None:
     """The Application is valid against Argo CD's CRD schema (../shared/crds)."""
     shared = shared_dir()
     if shared is None:
-        pytest.skip("../shared (upstream CRDs) is not beside this checkout; set ELASTIC_SHARED_DIR")
+        pytest.skip(
+            "upstream CRDs: ../shared is not beside this checkout and fetching them "
+            "from upstream failed (offline?); set ELASTIC_SHARED_DIR"
+        )
     crd = yaml.safe_load((shared / "crds" / "argo-cd" / "application-crd.yaml").read_text())
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
     schema = version["schema"]["openAPIV3Schema"]

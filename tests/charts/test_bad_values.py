@@ -199,7 +199,10 @@ CASES = [
     Bad("typo-nested-key", "worker.resource", ("worker.resource.limits.cpu=1",)),
     Bad("fullname-not-dns", "fullnameOverride", ("fullnameOverride=Bad_Name",)),
     Bad(
-        "etcd-3.6-via-parent", "etcd-rendezvous.image.tag", ("etcd-rendezvous.image.tag=v3.6.1",), also=("v2 API",)
+        "etcd-3.6-via-parent",
+        "etcd-rendezvous.image.tag",
+        ("etcd-rendezvous.image.tag=v3.6.1",),
+        also=("v2 API",),
     ),
     Bad(
         "etcd-unknown-key-via-parent",

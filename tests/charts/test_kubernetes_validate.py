@@ -97,7 +97,10 @@ def test_crd_objects_validate_against_upstream_crd_schemas() -> None:
     configuration that renders one."""
     shared = shared_dir()
     if shared is None:
-        pytest.skip("../shared (upstream CRDs) is not beside this checkout; set ELASTIC_SHARED_DIR")
+        pytest.skip(
+            "upstream CRDs: ../shared is not beside this checkout and fetching them "
+            "from upstream failed (offline?); set ELASTIC_SHARED_DIR"
+        )
     schemas = _crd_schemas(shared)
     checked = []
     for case in CASES:
@@ -120,7 +123,10 @@ def test_crd_check_refuses_an_unknown_podgroup_field() -> None:
     """The strict CRD check is not vacuous: a PodGroup with an unknown spec field fails."""
     shared = shared_dir()
     if shared is None:
-        pytest.skip("../shared (upstream CRDs) is not beside this checkout; set ELASTIC_SHARED_DIR")
+        pytest.skip(
+            "upstream CRDs: ../shared is not beside this checkout and fetching them "
+            "from upstream failed (offline?); set ELASTIC_SHARED_DIR"
+        )
     schema = _crd_schemas(shared)[("scheduling.volcano.sh", "v1beta1", "PodGroup")]
     case = next(c for c in CASES if c.name.endswith("ci/gang-values.yaml"))
     podgroup = next(o for o in objects(case) if o["kind"] == "PodGroup")
