@@ -66,3 +66,25 @@ def test_lines_checkpoints_resume_and_fallback(tmp_path: Path) -> None:
     lines = train(ckpt, steps=10, every=100)
     assert lines[0] == "[train] resumed step=9"
     assert lines[-1] == "[train] done step=10"
+
+
+def test_a_teardown_that_never_returns_does_not_hold_the_pod() -> None:
+    """leave_group bounds destroy_process_group (seen blocking for minutes on one rank
+    after training finished): past the bound the process exits with the caller's code."""
+    script = (
+        "import importlib.util, sys, threading\n"
+        f"spec = importlib.util.spec_from_file_location('train', {str(TRAIN)!r})\n"
+        "train = importlib.util.module_from_spec(spec); spec.loader.exec_module(train)\n"
+        "train.dist.destroy_process_group = threading.Event().wait  # blocks for good\n"
+        "train.leave_group(0.5, 75)\n"
+        "sys.exit(1)  # not reached\n"
+    )
+    done = subprocess.run(
+        [str(BIN / "python"), "-c", script],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 75, done.stderr
+    assert "destroy_process_group did not return within 0.5 s" in done.stderr

@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -45,6 +46,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel
 
 EXIT_PEER_LEAVING = 75
+#: Seconds destroy_process_group may take at the end before the process exits anyway.
+TEARDOWN_TIMEOUT = 30.0
 LATEST = "latest"
 KEEP_CHECKPOINTS = 2
 
@@ -86,6 +89,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def say(message: str) -> None:
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print(f"[train] {message}", flush=True)
+
+
+def leave_group(timeout: float, code: int) -> None:
+    """destroy_process_group, bounded. It was seen (rarely) to block for minutes on one
+    rank after every rank had printed done, holding all agents in torch's exit barrier.
+    The checkpoint is saved by then, so a teardown that outlives `timeout` must not hold
+    the pod: say so and exit with `code`, the code the caller returns next."""
+    finished = threading.Event()
+
+    def teardown() -> None:
+        dist.destroy_process_group()
+        finished.set()
+
+    threading.Thread(target=teardown, name="destroy_process_group", daemon=True).start()
+    if not finished.wait(timeout):
+        print(
+            f"train.py: destroy_process_group did not return within {timeout:g} s; "
+            "the checkpoint is saved, exiting",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(code)
 
 
 class Model(nn.Module):
@@ -217,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item() > 0:
             save_checkpoint(root, step, model, optim)
-            dist.destroy_process_group()
+            leave_group(TEARDOWN_TIMEOUT, 0 if _stop_requested else EXIT_PEER_LEAVING)
             if _stop_requested:
                 say(f"sigterm step={step}")
                 return 0
@@ -228,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if not resumed or start < args.steps:
         save_checkpoint(root, step, model, optim)
     say(f"done step={step}")
-    dist.destroy_process_group()
+    leave_group(TEARDOWN_TIMEOUT, 0)
     return 0
 
 
