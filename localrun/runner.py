@@ -24,6 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -283,13 +284,17 @@ class Runner:
                 return done
             time.sleep(0.1)
 
-    def _drain(self) -> None:
-        assert self.cluster is not None
+    def _pending(self) -> Iterator[tuple[Any, ...]]:
+        """The events queued so far, without waiting for more."""
         while True:
             try:
-                item = self.events.get_nowait()
+                yield self.events.get_nowait()
             except queue.Empty:
                 return
+
+    def _drain(self) -> None:
+        assert self.cluster is not None
+        for item in self._pending():
             if item[0] == "line":
                 self._line(*item[1:])
             elif item[0] == "scale":
@@ -547,11 +552,7 @@ class Runner:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _drain_lines_only(self) -> None:
-        while True:
-            try:
-                item = self.events.get_nowait()
-            except queue.Empty:
-                return
+        for item in self._pending():
             if item[0] == "line":
                 ev = parse_train_line(item[3])
                 if ev is not None:
