@@ -2,12 +2,19 @@
 namespaces of its own, with every volumeMount bind-mounted at its real mountPath.
 
     ip netns exec NS unshare --mount --propagation private --pid --fork --kill-child \
-        --uts --mount-proc sh -c SCRIPT sh COMMAND ARGS...
+        --uts sh -c SCRIPT sh COMMAND ARGS...
 
-SCRIPT bind-mounts the pod's volumes, sets the hostname to the pod name and `exec`s the
+SCRIPT checks that the runner is still there, mounts /proc for the new PID namespace,
+bind-mounts the pod's volumes, sets the hostname to the pod name and `exec`s the
 container's command, which so becomes PID 1 of the container's PID namespace, as in a
 container: SIGTERM reaches only the entrypoint (and only if it handles it), SIGKILL of
 PID 1 takes every process of the container with it, whatever sessions they made.
+
+Containers die with the runner, even when it is SIGKILLed: the runner's child gets a
+parent-death SIGKILL (set before exec, then checked against a runner that died during the
+fork), `unshare --kill-child` passes it on to the container's PID 1, and SCRIPT closes the
+gap util-linux leaves there before 2.39 (it sets that signal after fork without checking
+that its parent is still alive; Debian 12 has 2.38).
 """
 
 from __future__ import annotations
@@ -41,10 +48,26 @@ class BindMount:
     tmpfs_size: str = ""  # set: a tmpfs of this size instead of a bind mount (medium Memory)
 
 
-def launch_script(mounts: list[BindMount], hostname: str, workdir: str) -> str:
-    """The sh script that prepares the container's mount namespace, then execs "$@"."""
+def launch_script(
+    mounts: list[BindMount], hostname: str, workdir: str, owner_pid: int | None = None
+) -> str:
+    """The sh script that prepares the container's mount namespace, then execs "$@".
+
+    With owner_pid (the runner), it first exits 137 if that process is gone or a zombie, then
+    mounts /proc for the container's PID namespace: before that mount /proc is the host's,
+    the only place the runner can be seen from. Run after unshare set the parent-death
+    signal, the check leaves no moment in which the runner can die unnoticed."""
     q = shlex.quote
     lines = ["set -e"]
+    if owner_pid is not None:
+        lines += [
+            f"s=$(cat /proc/{owner_pid}/stat 2>/dev/null) || s=''",
+            'case "${s##*) }" in ""|Z*|X*)',
+            f"  echo 'elastic-local: the runner (pid {owner_pid}) is gone; not starting' >&2",
+            "  exit 137;;",
+            "esac",
+            "mount -t proc -o nosuid,noexec,nodev proc /proc",
+        ]
     for m in mounts:
         if m.tmpfs_size:
             lines.append(f"mount -t tmpfs -o size={q(m.tmpfs_size)} tmpfs {q(m.target)}")
@@ -60,34 +83,41 @@ def launch_script(mounts: list[BindMount], hostname: str, workdir: str) -> str:
 
 
 def container_argv(
-    netns_prefix: list[str], mounts: list[BindMount], hostname: str, workdir: str, argv: list[str]
+    netns_prefix: list[str],
+    mounts: list[BindMount],
+    hostname: str,
+    workdir: str,
+    argv: list[str],
+    *,
+    owner_pid: int | None = None,
 ) -> list[str]:
-    """Full argv for one container; without namespaces (no root) the command as it is."""
+    """Full argv for one container; without namespaces (no root) the command as it is.
+    owner_pid: the runner's PID, which the container checks for at start (default: ours)."""
     if not netns_prefix:
         return list(argv)
-    unshare = [
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "--pid",
-        "--fork",
-        "--kill-child",
-        "--uts",
-        "--mount-proc",
-    ]
-    script = launch_script(mounts, hostname, workdir)
+    unshare = ["unshare", "--mount", "--propagation", "private", "--pid", "--fork"]
+    unshare += ["--kill-child", "--uts"]
+    owner = os.getpid() if owner_pid is None else owner_pid
+    script = launch_script(mounts, hostname, workdir, owner)
     return [*netns_prefix, *unshare, "sh", "-c", script, "sh", *argv]
 
 
 PR_SET_PDEATHSIG = 1
+# Loaded here, not in the child: dlopen between fork and exec can deadlock on a lock that
+# another thread of the runner (a log reader) held at the fork.
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the runner dies, even by SIGKILL. `unshare
-    --kill-child` passes it on to the container's PID 1, which takes the rest with it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def _die_with(owner: int) -> Callable[[], None]:
+    """preexec_fn: SIGKILL when the runner dies, even by SIGKILL; and if it already died
+    between fork and prctl (the child now has another parent), exit at once instead."""
+
+    def preexec() -> None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != owner:
+            os._exit(137)
+
+    return preexec
 
 
 def exit_code(returncode: int) -> int:
@@ -141,7 +171,7 @@ class ContainerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks taken
+            preexec_fn=_die_with(os.getpid()),  # noqa: PLW1509 - prctl and getppid only
         )
         self._on_line = on_line
         self._reader = threading.Thread(

@@ -356,6 +356,20 @@ def _processes_of(out: Path) -> list[int]:
     return pids
 
 
+def _describe(pids: list[int]) -> list[str]:
+    """What each leftover process is: state, parent and command line."""
+    out = []
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = dict(ln.split(":\t", 1) for ln in status.splitlines() if ":\t" in ln)
+        out.append(f"{pid} {fields.get('State', '?')} ppid={fields.get('PPid', '?')} {cmd[:200]}")
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_removes_everything_it_made(tmp_path: Path, signum: int) -> None:
@@ -371,7 +385,8 @@ def test_interrupted_run_removes_everything_it_made(tmp_path: Path, signum: int)
     assert proc.returncode == 128 + signum, "".join(lines) + out
     assert f"interrupted by signal {int(signum)}" in out
     assert _leftovers(prefix) == []
-    assert _processes_of(tmp_path / "out") == []
+    left = _processes_of(tmp_path / "out")
+    assert left == [], _describe(left)
 
 
 @pytest.mark.slow
@@ -383,7 +398,8 @@ def test_sigkilled_run_takes_its_pods_along_and_the_next_run_cleans_up(tmp_path:
     deadline = time.monotonic() + 20
     while _processes_of(tmp_path / "out") and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _processes_of(tmp_path / "out") == [], "containers die with the runner"
+    left = _processes_of(tmp_path / "out")
+    assert left == [], f"containers die with the runner; left: {_describe(left)}"
     assert _leftovers(prefix), "namespaces of a SIGKILLed run are left until the next run"
     remove_stale()
     remaining = [x for x in _leftovers(prefix) if "elastic-local-" not in x]
