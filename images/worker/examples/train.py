@@ -18,6 +18,9 @@ Behaviour (docs/contracts.md, docs/recovery.md):
   `[train] sigterm step=<n>` and exit 0; ranks that did not get it exit 75 (EX_TEMPFAIL:
   "a peer is leaving, re-form"), so their agents re-form the group without the leaver.
 
+- The process ends with os._exit after its last collective (see `leave`): a teardown
+  that blocks must not hold the pod, nor every agent in torch's exit barrier.
+
 Exit codes: 0 done or stopped by SIGTERM; 75 stopped because a peer got SIGTERM;
 2 bad arguments; anything else is a failure.
 """
@@ -30,13 +33,13 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 import uuid
 import warnings
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -46,8 +49,6 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel
 
 EXIT_PEER_LEAVING = 75
-#: Seconds destroy_process_group may take at the end before the process exits anyway.
-TEARDOWN_TIMEOUT = 30.0
 LATEST = "latest"
 KEEP_CHECKPOINTS = 2
 
@@ -91,27 +92,19 @@ def say(message: str) -> None:
         print(f"[train] {message}", flush=True)
 
 
-def leave_group(timeout: float, code: int) -> None:
-    """destroy_process_group, bounded. It was seen (rarely) to block for minutes on one
-    rank after every rank had printed done, holding all agents in torch's exit barrier.
-    The checkpoint is saved by then, so a teardown that outlives `timeout` must not hold
-    the pod: say so and exit with `code`, the code the caller returns next."""
-    finished = threading.Event()
+def leave(code: int) -> NoReturn:
+    """End the process with `code` now: no destroy_process_group, no interpreter teardown.
 
-    def teardown() -> None:
-        dist.destroy_process_group()
-        finished.set()
-
-    threading.Thread(target=teardown, name="destroy_process_group", daemon=True).start()
-    if not finished.wait(timeout):
-        print(
-            f"train.py: destroy_process_group did not return within {timeout:g} s; "
-            "the checkpoint is saved, exiting",
-            file=sys.stderr,
-            flush=True,
-        )
-        sys.stdout.flush()
-        os._exit(code)
+    Called after the last collective (the checkpoint barrier), so no peer waits on this
+    rank, and the checkpoint is on disk. Twice in CI one rank that had printed `done` never
+    exited, and a watchdog thread meant to bound destroy_process_group never spoke: the
+    block held the GIL (a native destructor of the process group or the store) or came at
+    interpreter exit (cf. pytorch/pytorch#75097). Every other agent then waited in torch's
+    exit barrier (300 s). The kernel frees what those destructors would, sockets and GPU
+    memory included. docs/recovery.md has the details."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class Model(nn.Module):
@@ -243,7 +236,6 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item() > 0:
             save_checkpoint(root, step, model, optim)
-            leave_group(TEARDOWN_TIMEOUT, 0 if _stop_requested else EXIT_PEER_LEAVING)
             if _stop_requested:
                 say(f"sigterm step={step}")
                 return 0
@@ -254,9 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     if not resumed or start < args.steps:
         save_checkpoint(root, step, model, optim)
     say(f"done step={step}")
-    leave_group(TEARDOWN_TIMEOUT, 0)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())
