@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-_TRAIN = re.compile(r"\[train\]\s+(?:(resumed|checkpoint|sigterm|done)\s+)?(step=.*)$")
+_TRAIN = re.compile(r"\[train\]\s+(?:(start|resumed|checkpoint|sigterm|done)\s+)?(step=.*)$")
 _KV = re.compile(r"(\w+)=(\S+)")
 
 
 @dataclass(frozen=True)
 class TrainEvent:
-    kind: str  # step | resumed | checkpoint | sigterm | done
+    kind: str  # step | start | resumed | checkpoint | sigterm | done
     step: int
     world_size: int | None = None
     restart: int | None = None
@@ -60,7 +60,7 @@ class ViewState:
     pods: dict[str, PodRow] = field(default_factory=dict)
     world_size: int | None = None
     step: int | None = None
-    round: int | None = None  # highest torchrun restart count seen
+    round: int | None = None  # groups formed so far: rendezvous rounds completed
     checkpoint: int | None = None
     completed: bool = False
     note: str = ""

@@ -331,8 +331,6 @@ class Runner:
                 was = "-" if st.world_size is None else st.world_size
                 self.event(f"world size {was} -> {ev.world_size} (step {ev.step})")
                 st.world_size = ev.world_size
-            if ev.restart is not None:
-                st.round = max(st.round or 0, ev.restart)
             if st.step is None or ev.step > st.step:
                 st.step = ev.step
                 if not self.progress.live:
@@ -341,6 +339,15 @@ class Runner:
             if st.checkpoint != ev.step:
                 self.event(f"checkpoint at step {ev.step}")
             st.checkpoint = ev.step
+        elif ev.kind == "start":
+            # train.py's rank 0 says it once per group; the agents start workers only
+            # after a completed rendezvous round, restart or not (a node joining is not
+            # a restart), so these count the rounds.
+            st.round = (st.round or 0) + 1
+            self.event(
+                f"rendezvous round {st.round}: world size {ev.world_size}, "
+                f"training from step {ev.step}"
+            )
         elif ev.kind == "resumed":
             self.event(f"{pod}: resumed from step {ev.step}")
         elif ev.kind == "sigterm":
@@ -571,6 +578,7 @@ class Runner:
         out.write(f"completed:    {d['completed']}\n")
         out.write(f"final step:   {d['final_step']}\n")
         out.write(f"world sizes:  {' -> '.join(str(w) for w in d['world_sizes']) or '-'}\n")
+        out.write(f"rounds:       {d['rendezvous_rounds']} (groups formed)\n")
         for r in d["reforms"]:
             secs = "-" if r["seconds"] is None else f"{r['seconds']:.1f}s"
             out.write(

@@ -49,6 +49,7 @@ class Summary:
     completed: bool = False
     final_step: int | None = None
     world_sizes: list[int] = field(default_factory=list)
+    rendezvous_rounds: int = 0  # groups formed: train.py's `start` lines
     reforms: list[Reform] = field(default_factory=list)
     checkpoint_steps: list[int] = field(default_factory=list)
     pods: dict[str, PodSummary] = field(default_factory=dict)
@@ -82,6 +83,9 @@ class Summary:
         if ev.kind == "done":
             self.completed = True
             self.final_step = max(self.final_step or 0, ev.step)
+            return
+        if ev.kind == "start":
+            self.rendezvous_rounds += 1
             return
         if ev.kind == "resumed":
             last_ckpt = self.checkpoint_steps[-1] if self.checkpoint_steps else None
@@ -131,6 +135,7 @@ class Summary:
             "completed": self.completed,
             "final_step": self.final_step,
             "world_sizes": self.world_sizes,
+            "rendezvous_rounds": self.rendezvous_rounds,
             "reforms": [r.as_dict() for r in self.reforms] + unresolved,
             "pods": {
                 name: {

@@ -56,6 +56,8 @@ def test_happy_path_three_pods_complete_and_nothing_restarts(tmp_path: Path) -> 
     s = run.summary
     assert s["world_sizes"][-1] == 3, run.describe()
     assert s["reforms"] == [] or all("joined" in r["cause"] for r in s["reforms"]), run.describe()
+    # one group, or one of two grown to three when a pod started late
+    assert s["rendezvous_rounds"] == len(s["world_sizes"]), run.describe()
     pods = worker_pods(s)
     assert sorted(pods) == [pod(0), pod(1), pod(2)]
     for name, p in pods.items():
@@ -83,6 +85,8 @@ def test_sigkill_one_pod_reforms_at_two_resumes_and_grows_back(tmp_path: Path) -
     assert kill["resumed_step"] in s["checkpoint_steps"], kill
     assert kill["steps_lost"] <= 5, kill  # at most one checkpoint interval
     assert in_order(s["world_sizes"], [3, 2, 3]), run.describe()
+    assert s["rendezvous_rounds"] >= 3, run.describe()
+    assert "rendezvous round 3: world size" in run.stdout, run.describe()
     assert s["pods"][pod(1)]["restarts"] >= 1
     assert "exited 137" in run.events()
     log1 = run.log(pod(1))

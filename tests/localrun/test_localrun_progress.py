@@ -13,6 +13,9 @@ def test_parses_every_train_line_of_the_contract() -> None:
         "step", 7, 3, 1, 0.25
     )
     assert parse_train_line("[train] resumed step=10") == TrainEvent("resumed", 10)
+    assert parse_train_line("[train] start step=10 world_size=2 restart=1") == TrainEvent(
+        "start", 10, 2, 1
+    )
     assert parse_train_line("[train] checkpoint step=20") == TrainEvent("checkpoint", 20)
     assert parse_train_line("[train] sigterm step=21") == TrainEvent("sigterm", 21)
     assert parse_train_line("[train] done step=60") == TrainEvent("done", 60)
@@ -54,21 +57,25 @@ def _steps(s: Summary, t0: float, first: int, last: int, world: int, *, restart:
 
 def test_summary_counts_a_fault_reform_and_the_grow_back() -> None:
     s = Summary()
+    s.train("p0", 0, TrainEvent("start", 0, 3, 0))
     t = _steps(s, 0, 1, 10, 3)
     s.train("p0", t, TrainEvent("checkpoint", 10))
     t = _steps(s, t, 11, 12, 3)
     s.fault(t, "kill p2")
     s.train("p0", t + 5, TrainEvent("resumed", 10))
     s.train("p1", t + 5, TrainEvent("resumed", 10))
+    s.train("p0", t + 5, TrainEvent("start", 10, 2, 1))
     t2 = _steps(s, t + 8, 11, 14, 2, restart=1)
     s.pod_started("p2", t2)
     s.train("p0", t2 + 4, TrainEvent("resumed", 14))
-    _steps(s, t2 + 6, 15, 20, 3, restart=2)
+    s.train("p0", t2 + 4, TrainEvent("start", 14, 3, 1))  # a node joined: no restart
+    _steps(s, t2 + 6, 15, 20, 3, restart=1)
     s.train("p0", 100, TrainEvent("done", 20))
     d = s.as_dict()
     assert d["completed"] is True
     assert d["final_step"] == 20
     assert d["world_sizes"] == [3, 2, 3]
+    assert d["rendezvous_rounds"] == 3
     assert d["checkpoint_steps"] == [10]
     kill, grow = d["reforms"]
     assert kill["cause"] == "kill p2"

@@ -35,6 +35,7 @@ def test_lines_checkpoints_resume_and_fallback(tmp_path: Path) -> None:
     lines = train(ckpt, steps=7, every=3)
     events = [line.split(" loss=")[0] for line in lines]
     assert events == [
+        "[train] start step=0 world_size=1 restart=0",
         "[train] step=1 world_size=1 restart=0",
         "[train] step=2 world_size=1 restart=0",
         "[train] step=3 world_size=1 restart=0",
@@ -56,7 +57,8 @@ def test_lines_checkpoints_resume_and_fallback(tmp_path: Path) -> None:
     (partial / "__0_0.distcp").write_bytes(b"partial")
     lines = train(ckpt, steps=9, every=100)
     assert lines[0] == "[train] resumed step=7"
-    assert lines[1].startswith("[train] step=8 ")
+    assert lines[1] == "[train] start step=7 world_size=1 restart=0"
+    assert lines[2].startswith("[train] step=8 ")
     assert lines[-1] == "[train] done step=9"
     assert not partial.exists()
 

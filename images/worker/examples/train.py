@@ -219,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         start = int(found.item())
         load_checkpoint(root, start, model, optim)
         say(f"resumed step={start}")
+    if rank == 0:  # once per group: each start follows one completed rendezvous round
+        say(f"start step={start} world_size={world} restart={restart}")
 
     step = start
     stop = torch.zeros(1, device=device)
