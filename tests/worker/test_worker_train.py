@@ -95,3 +95,27 @@ def test_a_teardown_that_blocks_holding_the_gil_does_not_hold_the_pod() -> None:
     )
     assert done.returncode == 75, done.stderr
     assert done.stdout == "[train] done step=3\n"
+
+
+def test_a_failing_rank_does_not_hang_in_teardown_either() -> None:
+    """An exception in main() (a collective that failed when a peer vanished) is printed
+    and ends the process with 1, without the teardown that can block."""
+    script = (
+        "import atexit, ctypes, importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('train', {str(TRAIN)!r})\n"
+        "train = importlib.util.module_from_spec(spec); spec.loader.exec_module(train)\n"
+        "atexit.register(lambda: ctypes.PyDLL(None).sleep(3600))  # the GIL kept\n"
+        "def main():\n"
+        "    raise RuntimeError('Connection closed by peer')\n"
+        "train.main = main\n"
+        "train.run()\n"
+    )
+    done = subprocess.run(
+        [str(BIN / "python"), "-c", script],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "RuntimeError: Connection closed by peer" in done.stderr

@@ -34,6 +34,7 @@ import shutil
 import signal
 import sys
 import time
+import traceback
 import uuid
 import warnings
 from datetime import timedelta
@@ -251,5 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run() -> NoReturn:
+    """main(), then `leave` with its code; an exception is printed and leaves with 1, the
+    code Python gives it, so a failing rank cannot hang in teardown either."""
+    try:
+        code = main()
+    except Exception:  # noqa: BLE001 - printed, then the code Python would give
+        traceback.print_exc()
+        leave(1)
+    leave(code)
+
+
 if __name__ == "__main__":
-    leave(main())
+    run()
