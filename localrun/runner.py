@@ -342,8 +342,8 @@ class Runner:
         elif ev.kind == "start":
             # train.py's rank 0 says it once per group; the agents start workers only
             # after a completed rendezvous round, restart or not (a node joining is not
-            # a restart), so these count the rounds.
-            st.round = (st.round or 0) + 1
+            # a restart), so the summary counts these as the rounds.
+            st.round = self.summary.rendezvous_rounds
             self.event(
                 f"rendezvous round {st.round}: world size {ev.world_size}, "
                 f"training from step {ev.step}"

@@ -136,7 +136,7 @@ def test_container_of_a_runner_that_is_a_zombie_does_not_start() -> None:
     zombie = subprocess.Popen(["true"])
     try:
         deadline = time.monotonic() + 10
-        while Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z":
+        while _state(zombie.pid) != "Z":
             assert time.monotonic() < deadline
             time.sleep(0.01)
         done = _container(zombie.pid, "echo", "ran")
@@ -178,9 +178,13 @@ def test_child_of_a_live_runner_runs_and_gets_sigkill_when_it_dies() -> None:
     assert not _alive(pid)
 
 
-def _alive(pid: int) -> bool:
+def _state(pid: int) -> str:
+    """The process state letter from /proc/PID/stat ("" when the process is gone)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
     except OSError:
-        return False
-    return state not in "ZX"
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in ("", "Z", "X")

@@ -70,28 +70,36 @@ def test_lines_checkpoints_resume_and_fallback(tmp_path: Path) -> None:
     assert lines[-1] == "[train] done step=10"
 
 
-def test_a_teardown_that_blocks_holding_the_gil_does_not_hold_the_pod() -> None:
-    """What CI saw twice: after `done`, one rank blocked in native code holding the GIL
-    (a process-group destructor), so no Python-level bound could end it. train.py's end
-    must run neither destroy_process_group nor interpreter teardown (atexit, finalizers):
-    here both block like that, and the process still exits at once with its code."""
+def _with_teardown_that_blocks(body: str) -> subprocess.CompletedProcess[str]:
+    """Runs `body` after loading train.py as `train`, with destroy_process_group and an
+    atexit handler that block in native code with the GIL kept (libc sleep through
+    ctypes.PyDLL), as the teardown CI saw hang did."""
     script = (
-        "import atexit, ctypes, importlib.util, sys\n"
+        "import atexit, ctypes, importlib.util\n"
         f"spec = importlib.util.spec_from_file_location('train', {str(TRAIN)!r})\n"
         "train = importlib.util.module_from_spec(spec); spec.loader.exec_module(train)\n"
         "def block(*args, **kwargs):\n"
-        "    ctypes.PyDLL(None).sleep(3600)  # libc sleep, the GIL kept\n"
+        "    ctypes.PyDLL(None).sleep(3600)\n"
         "train.dist.destroy_process_group = block\n"
         "atexit.register(block)\n"
-        "print('[train] done step=3', flush=False)  # a buffered line is not lost\n"
-        "train.leave(75)\n"
-    )
-    done = subprocess.run(
+    ) + body
+    return subprocess.run(
         [str(BIN / "python"), "-c", script],
         check=False,
         capture_output=True,
         text=True,
         timeout=60,
+    )
+
+
+def test_a_teardown_that_blocks_holding_the_gil_does_not_hold_the_pod() -> None:
+    """What CI saw twice: after `done`, one rank blocked in native code holding the GIL
+    (a process-group destructor), so no Python-level bound could end it. train.py's end
+    must run neither destroy_process_group nor interpreter teardown (atexit, finalizers):
+    here both block like that, and the process still exits at once with its code."""
+    done = _with_teardown_that_blocks(
+        "print('[train] done step=3', flush=False)  # a buffered line is not lost\n"
+        "train.leave(75)\n"
     )
     assert done.returncode == 75, done.stderr
     assert done.stdout == "[train] done step=3\n"
@@ -100,22 +108,11 @@ def test_a_teardown_that_blocks_holding_the_gil_does_not_hold_the_pod() -> None:
 def test_a_failing_rank_does_not_hang_in_teardown_either() -> None:
     """An exception in main() (a collective that failed when a peer vanished) is printed
     and ends the process with 1, without the teardown that can block."""
-    script = (
-        "import atexit, ctypes, importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('train', {str(TRAIN)!r})\n"
-        "train = importlib.util.module_from_spec(spec); spec.loader.exec_module(train)\n"
-        "atexit.register(lambda: ctypes.PyDLL(None).sleep(3600))  # the GIL kept\n"
+    done = _with_teardown_that_blocks(
         "def main():\n"
         "    raise RuntimeError('Connection closed by peer')\n"
         "train.main = main\n"
         "train.run()\n"
-    )
-    done = subprocess.run(
-        [str(BIN / "python"), "-c", script],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert done.returncode == 1, done.stderr
     assert "RuntimeError: Connection closed by peer" in done.stderr
