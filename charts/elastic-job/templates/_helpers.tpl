@@ -79,6 +79,18 @@ controller-revision-hash label adds "-<10 character hash>" and labels stop at 63
 {{- end -}}
 {{- end -}}
 
+{{/*
+"true" when a finished job scales its StatefulSets to zero: rbac.scaleDown.enabled, a
+ServiceAccount the Role is bound to, and its token mounted; else "". Only then does the
+worker container see the token.
+*/}}
+{{- define "elastic-job.scaleDown" -}}
+{{- $v := .Values -}}
+{{- if and $v.rbac.scaleDown.enabled (or $v.serviceAccount.create $v.serviceAccount.name) $v.worker.automountServiceAccountToken -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{- define "elastic-job.podGroupName" -}}
 {{- include "elastic-job.fullname" . -}}
 {{- end -}}
@@ -277,7 +289,11 @@ StatefulSet, each with the reason, as its checkov.io/skipN annotations.
 {{- $skips = append $skips (printf "CKV_K8S_25=capabilities %s were added in worker.containerSecurityContext by the user (RDMA and EFA need IPC_LOCK to lock memory)" (join "," $caps)) -}}
 {{- end -}}
 {{- if $w.automountServiceAccountToken -}}
+{{- if include "elastic-job.scaleDown" .root -}}
 {{- $skips = append $skips "CKV_K8S_38=init-topology reads its Node and the worker scales its own StatefulSets through the API (rbac.*)" -}}
+{{- else -}}
+{{- $skips = append $skips "CKV_K8S_38=init-topology reads its Node through the API (rbac.nodeReader); the worker container does not see the token (scale-down is off)" -}}
+{{- end -}}
 {{- end -}}
 {{- if not .root.Values.networkPolicy.enabled -}}
 {{- $skips = append $skips "CKV2_K8S_6=networkPolicy.enabled was turned off by the user" -}}
