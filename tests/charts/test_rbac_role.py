@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import http.server
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from chart_render import (
@@ -40,9 +40,9 @@ def test_role_grants_only_patch_on_the_scale_of_own_statefulsets_by_name() -> No
 class _Recorder(http.server.BaseHTTPRequestHandler):
     """Stands in for the API server (which cannot run here): records and accepts."""
 
-    seen: list[tuple[str, str]] = []
+    seen: ClassVar[list[tuple[str, str]]] = []
 
-    def do_PATCH(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_PATCH(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
         self.seen.append(("PATCH", self.path))
         self.send_response(200)

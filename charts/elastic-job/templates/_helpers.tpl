@@ -100,14 +100,15 @@ true
 {{- printf "%s-%s-node-reader" .Release.Namespace (include "elastic-job.fullname" .) | trunc 253 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* Full name of the bundled etcd-rendezvous chart, as that chart computes it. */}}
-{{- define "elastic-job.etcdFullname" -}}
-{{- $etcd := index .Values "etcd-rendezvous" | default dict -}}
-{{- if $etcd.fullnameOverride -}}
-{{- $etcd.fullnameOverride | trunc 63 | trimSuffix "-" -}}
-{{- else -}}
-{{- printf "%s-etcd-rendezvous" .Release.Name | trunc 63 | trimSuffix "-" -}}
-{{- end -}}
+{{/*
+A helper of the bundled etcd-rendezvous chart, called as that chart calls it, so its names
+have one definition: (dict "root" $ "helper" "fullname") -> etcd-rendezvous.fullname with
+the subchart's context (its values, with its defaults and the globals Helm merged in, its
+chart name, this release). Only while the subchart is enabled.
+*/}}
+{{- define "elastic-job.etcd" -}}
+{{- $ctx := dict "Values" (index .root.Values "etcd-rendezvous") "Chart" (dict "Name" "etcd-rendezvous" "IsRoot" false) "Release" .root.Release -}}
+{{- include (printf "etcd-rendezvous.%s" .helper) $ctx -}}
 {{- end -}}
 
 {{- define "elastic-job.etcdEnabled" -}}
@@ -115,12 +116,10 @@ true
 {{- if (hasKey $etcd "enabled" | ternary $etcd.enabled true) }}true{{ end -}}
 {{- end -}}
 
-{{/* Rendezvous endpoint host:port: the bundled etcd's client Service FQDN, or the external one. */}}
+{{/* Rendezvous endpoint host:port: the bundled etcd's client Service, or the external one. */}}
 {{- define "elastic-job.rdzvEndpoint" -}}
 {{- if include "elastic-job.etcdEnabled" . -}}
-{{- $etcd := index .Values "etcd-rendezvous" | default dict -}}
-{{- $domain := $etcd.clusterDomain | default ((.Values.global | default dict).clusterDomain) | default "cluster.local" -}}
-{{- printf "%s.%s.svc.%s:2379" (include "elastic-job.etcdFullname" .) .Release.Namespace $domain -}}
+{{- include "elastic-job.etcd" (dict "root" . "helper" "clientEndpoint") -}}
 {{- else -}}
 {{- .Values.rendezvous.endpoint -}}
 {{- end -}}
@@ -136,7 +135,7 @@ bundled etcd has cert-manager issue its certificates, the Secrets it names.
 {{- if .Values.rendezvous.tls.caSecret -}}
 {{- .Values.rendezvous.tls.caSecret -}}
 {{- else if and (include "elastic-job.etcdEnabled" .) $etcdTls.enabled ($etcdTls.certManager | default dict).enabled -}}
-{{- $etcdTls.existingSecret | default (printf "%s-server-tls" (include "elastic-job.etcdFullname" .)) -}}
+{{- include "elastic-job.etcd" (dict "root" . "helper" "serverSecret") -}}
 {{- end -}}
 {{- end -}}
 
@@ -146,7 +145,7 @@ bundled etcd has cert-manager issue its certificates, the Secrets it names.
 {{- if .Values.rendezvous.tls.clientCertSecret -}}
 {{- .Values.rendezvous.tls.clientCertSecret -}}
 {{- else if and .Values.rendezvous.tls.enabled (include "elastic-job.etcdEnabled" .) $etcdTls.enabled $etcdTls.clientCertAuth ($etcdTls.certManager | default dict).enabled -}}
-{{- printf "%s-client-tls" (include "elastic-job.etcdFullname" .) -}}
+{{- include "elastic-job.etcd" (dict "root" . "helper" "clientSecret") -}}
 {{- end -}}
 {{- end -}}
 
