@@ -75,13 +75,26 @@ CASES = [
     ),
     Bad(
         "group-names-collide-at-52",
-        "workerGroups.x1",
+        "workerGroups.a-b",
         (
-            "fullnameOverride=" + "f" * 50,
-            "workerGroups.x1.replicas=1",
-            "workerGroups.x2.replicas=1",
+            # The full name is cut before "-<group>": to 48 for "a-b", 50 for "b".
+            "fullnameOverride=" + "f" * 48 + "-a" + "ff",
+            "workerGroups.a-b.replicas=1",
+            "workerGroups.b.replicas=1",
         ),
-        also=("workerGroups.x2", "52"),
+        also=("workerGroups.b", "52"),
+    ),
+    Bad(
+        "group-statefulset-is-the-etcd-one",
+        "etcd-rendezvous.fullnameOverride",
+        ("fullnameOverride=x", "etcd-rendezvous.fullnameOverride=x-default"),
+        also=("workerGroups.default", '"x-default"', "fullnameOverride"),
+    ),
+    Bad(
+        "worker-service-is-an-etcd-service",
+        "etcd-rendezvous.fullnameOverride",
+        ("fullnameOverride=x", "etcd-rendezvous.fullnameOverride=x-workers"),
+        also=('"x-workers"',),
     ),
     Bad("worker-tag-latest", "worker.image.tag", ("worker.image.tag=latest",)),
     Bad(

@@ -49,10 +49,13 @@ characters, trailing "-" removed. Stable: never random.
 {{- $id | lower | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The worker StatefulSet of a group: "<fullname>-<group>" cut to 52 characters (the
-controller-revision-hash label adds "-<10 character hash>" and labels stop at 63). */}}
+{{/* The worker StatefulSet of a group: "<fullname>-<group>", at most 52 characters (the
+controller-revision-hash label adds "-<10 character hash>" and labels stop at 63). The full
+name is cut, never the group, so a long release name keeps groups apart and apart from the
+etcd StatefulSet ("<release>-etcd-rendezvous"); _validate.tpl refuses what still collides. */}}
 {{- define "elastic-job.statefulsetName" -}}
-{{- printf "%s-%s" (include "elastic-job.fullname" .root) .group | trunc 52 | trimSuffix "-" -}}
+{{- $prefix := include "elastic-job.fullname" .root | trunc (int (sub 51 (len .group))) | trimSuffix "-" -}}
+{{- printf "%s-%s" $prefix .group -}}
 {{- end -}}
 
 {{/* Comma-separated names of every worker StatefulSet of this release, sorted by group. */}}

@@ -34,6 +34,19 @@ do. Included once, from worker-statefulset.yaml (rendered on every install).
 {{- end -}}
 {{- $_ := set $names $sts $name -}}
 {{- end -}}
+{{- /* Workers and the bundled etcd share the namespace: pods, Services, NetworkPolicies. */ -}}
+{{- if include "elastic-job.etcdEnabled" . -}}
+{{- $etcdSts := include "elastic-job.etcd" (dict "root" $ "helper" "statefulsetName") -}}
+{{- $naming := printf "release name %q, fullnameOverride %q, etcd-rendezvous.fullnameOverride %q" $.Release.Name ($v.fullnameOverride | toString) ((index $v "etcd-rendezvous").fullnameOverride | toString) -}}
+{{- if hasKey $names $etcdSts -}}
+{{- fail (printf "workerGroups.%s: its StatefulSet name %q is also the bundled etcd's (%s), so their pods would collide: use a shorter release name, or set fullnameOverride or etcd-rendezvous.fullnameOverride to tell them apart" (index $names $etcdSts) $etcdSts $naming) -}}
+{{- end -}}
+{{- $workers := include "elastic-job.workerServiceName" . -}}
+{{- $etcdNames := list (include "elastic-job.etcd" (dict "root" $ "helper" "fullname")) (include "elastic-job.etcd" (dict "root" $ "helper" "headlessName")) -}}
+{{- if has $workers $etcdNames -}}
+{{- fail (printf "the workers' Service and NetworkPolicy name %q is also a bundled etcd object's name (%s): set fullnameOverride or etcd-rendezvous.fullnameOverride to tell them apart" $workers $naming) -}}
+{{- end -}}
+{{- end -}}
 {{- /* The rendezvous endpoint. */ -}}
 {{- if include "elastic-job.etcdEnabled" . -}}
 {{- if $v.rendezvous.endpoint -}}
