@@ -91,6 +91,11 @@ do. Included once, from worker-statefulset.yaml (rendered on every install).
 {{- end -}}
 {{- /* Names the chart sets on the worker container; the user's env must not repeat them. */ -}}
 {{- $owned := list "ELASTIC_JOB_ID" "ELASTIC_RDZV_ENDPOINT" "ELASTIC_MIN_NODES" "ELASTIC_MAX_NODES" "ELASTIC_NPROC_PER_NODE" "ELASTIC_MAX_RESTARTS" "ELASTIC_RDZV_CONF" "ELASTIC_MONITOR_INTERVAL" "ELASTIC_GATE_TIMEOUT" "ELASTIC_GATE_PEERS" "ELASTIC_MESH_INTERFACES" "ELASTIC_MESH_REQUIRED" "ELASTIC_INJECT_ENV" "ELASTIC_GRACE_PERIOD" "ELASTIC_SCALE_DOWN" "ELASTIC_STATEFULSETS" "CHECKPOINT_DIR" "POD_NAME" "POD_NAMESPACE" "POD_IP" "NODE_NAME" -}}
+{{- $shm := include "elastic-job.str" $v.worker.shmSizeLimit -}}
+{{- $shmBytes := include "elastic-job.bytes" $v.worker.shmSizeLimit -}}
+{{- if not $shmBytes -}}
+{{- fail (printf "worker.shmSizeLimit %q is not a Kubernetes quantity: write it like 1Gi, 512Mi, 2G, 1e9 or 1073741824" $shm) -}}
+{{- end -}}
 {{- range $name := $groups -}}
 {{- $g := index $v.workerGroups $name -}}
 {{- $s := include "elastic-job.groupSettings" (dict "root" $ "name" $name "group" $g) | fromYaml -}}
@@ -106,10 +111,14 @@ do. Included once, from worker-statefulset.yaml (rendered on every install).
 {{- end -}}
 {{- $limits := ($s.resources | default dict).limits | default dict -}}
 {{- if $limits.memory -}}
+{{- $limit := include "elastic-job.str" $limits.memory -}}
+{{- $where := ternary (printf "workerGroups.%s.resources.limits.memory" $name) "worker.resources.limits.memory" (hasKey $g "resources") -}}
 {{- $limitBytes := include "elastic-job.bytes" $limits.memory -}}
-{{- $shmBytes := include "elastic-job.bytes" $v.worker.shmSizeLimit -}}
-{{- if and $limitBytes $shmBytes (gt (float64 $shmBytes) (float64 $limitBytes)) -}}
-{{- fail (printf "worker.shmSizeLimit (%s) exceeds the memory limit of workerGroups.%s (%s): /dev/shm counts against it; lower worker.shmSizeLimit or raise the limit" (toString $v.worker.shmSizeLimit) $name (toString $limits.memory)) -}}
+{{- if not $limitBytes -}}
+{{- fail (printf "%s %q is not a Kubernetes quantity: write it like 32Gi, 512Mi, 2G, 1e9 or 1073741824" $where $limit) -}}
+{{- end -}}
+{{- if gt (float64 $shmBytes) (float64 $limitBytes) -}}
+{{- fail (printf "worker.shmSizeLimit (%s) exceeds the memory limit of workerGroups.%s (%s = %s): /dev/shm counts against it; lower worker.shmSizeLimit or raise the limit" $shm $name $where $limit) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
