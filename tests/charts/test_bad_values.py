@@ -53,6 +53,31 @@ CASES = [
         ("rendezvous.extraConf.timeot=5",),
     ),
     Bad("command-empty", "job.command", values="job:\n  command: []\n"),
+    Bad(
+        "command-program-empty",
+        "job.command[0]",
+        values='job:\n  command: ["", train.py]\n',
+        also=("program",),
+    ),
+    Bad("command-program-blank", "job.command[0]", values='job:\n  command: ["  "]\n'),
+    Bad(
+        "command-python-script-empty",
+        "job.command[1]",
+        values='job:\n  command: [python3, "", --steps, "5"]\n',
+        also=("script",),
+    ),
+    Bad(
+        "command-python-module-empty",
+        "job.command[2]",
+        values='job:\n  command: [/usr/bin/python, -m, ""]\n',
+        also=("module",),
+    ),
+    Bad(
+        "command-python-without-script",
+        "job.command[1]",
+        values="job:\n  command: [python]\n",
+        also=("missing",),
+    ),
     Bad("job-id-with-space", "job.id", ("job.id=has space",)),
     Bad(
         "replicas-below-minNodes",

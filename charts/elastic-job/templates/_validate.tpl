@@ -9,6 +9,22 @@ do. Included once, from worker-statefulset.yaml (rendered on every install).
 {{- if gt $min $max -}}
 {{- fail (printf "job.minNodes (%d) is greater than job.maxNodes (%d): set job.minNodes <= job.maxNodes" $min $max) -}}
 {{- end -}}
+{{- /* Empty arguments where they can only be a mistake: the program, and after a Python
+interpreter the script (or the module after -m). Empty arguments elsewhere are data. */ -}}
+{{- $cmd := list -}}
+{{- range $v.job.command }}{{ $cmd = append $cmd (include "elastic-job.str" .) }}{{ end -}}
+{{- if not (trim (first $cmd)) -}}
+{{- fail (printf "job.command[0] is %q: it is the program torchrun starts and cannot be empty; start job.command with it, e.g. [python, /workspace/train.py]" (first $cmd)) -}}
+{{- end -}}
+{{- if regexMatch "^python([0-9]+(\\.[0-9]+)?)?$" (base (first $cmd)) -}}
+{{- /* A missing script is the same mistake: python would read its closed stdin and exit 0. */ -}}
+{{- $at := ternary 2 1 (and (gt (len $cmd) 1) (eq (index $cmd 1) "-m")) -}}
+{{- $arg := "missing" -}}
+{{- if gt (len $cmd) $at }}{{ $arg = index $cmd $at | quote }}{{ end -}}
+{{- if or (eq $arg "missing") (not (trim (index $cmd $at))) -}}
+{{- fail (printf "job.command[%d] is %s: after %s it names the %s to run and cannot be empty, e.g. [%s, /workspace/train.py] or [%s, -m, mypkg.train]" $at $arg (join " " (slice $cmd 0 $at)) (ternary "module" "script" (eq $at 2)) (first $cmd) (first $cmd)) -}}
+{{- end -}}
+{{- end -}}
 {{- $groups := list -}}
 {{- $replicas := 0 -}}
 {{- range $name, $g := $v.workerGroups -}}
