@@ -93,10 +93,12 @@ interpreter the script (or the module after -m). Empty arguments elsewhere are d
 {{- if ge (float64 $v.rendezvous.lastCallTimeout) (float64 $v.rendezvous.joinTimeout) -}}
 {{- fail (printf "rendezvous.lastCallTimeout (%v) must be shorter than rendezvous.joinTimeout (%v)" $v.rendezvous.lastCallTimeout $v.rendezvous.joinTimeout) -}}
 {{- end -}}
-{{- $reserved := list "ENV" "HOME" "IFS" "LD_AUDIT" "LD_LIBRARY_PATH" "LD_PRELOAD" "OPTIND" "PATH" "PS1" "PS2" "PS4" "PWD" "PYTHONHOME" "PYTHONPATH" "PYTHONSTARTUP" "SHELL" -}}
+{{- /* Variables whose values come from node labels: a rule, not a list of known-bad names
+(the same rule in images/init-topology). Only the families a node's fabric is tuned by, and
+none that loads code or says where code is loaded from. */ -}}
 {{- range $name, $_ := $v.topology.labelMap -}}
-{{- if has $name $reserved -}}
-{{- fail (printf "topology.labelMap.%s: %s changes how a shell or the loader behaves and may not come from a node label; choose another variable name" $name $name) -}}
+{{- if or (not (regexMatch "^(NODE|NCCL|GLOO|FI|UCX)_[A-Z0-9_]*$" $name)) (regexMatch "PLUGIN|PATH|LIB|PRELOAD" $name) -}}
+{{- fail (printf "topology.labelMap.%s: %q may not be set from a node label: a variable name must start with NODE_, NCCL_, GLOO_, FI_ or UCX_, use only A-Z, 0-9 and _, and contain none of PLUGIN, PATH, LIB, PRELOAD (they load code or change where it is loaded from); rename it, e.g. NODE_POOL" $name $name) -}}
 {{- end -}}
 {{- end -}}
 {{- if and $v.checkpoint.enabled (not $v.checkpoint.existingClaim) -}}
