@@ -37,7 +37,7 @@ def _client_endpoint(objs: list[dict[str, Any]]) -> str:
     sts = etcd_statefulset(objs)
     [etcd] = pod_spec(sts)["containers"]
     [advertise] = [a for a in etcd["command"] if a.startswith("--advertise-client-urls=")]
-    endpoint = advertise.split("://", 1)[1]
+    endpoint = str(advertise).split("://", 1)[1]
     service = one(objs, "Service", endpoint.split(".", 1)[0])
     [port] = [p["port"] for p in service["spec"]["ports"] if p["name"] == "client"]
     name = re.escape(service["metadata"]["name"])

@@ -101,6 +101,11 @@ none that loads code or says where code is loaded from. */ -}}
 {{- fail (printf "topology.labelMap.%s: %q may not be set from a node label: a variable name must start with NODE_, NCCL_, GLOO_, FI_ or UCX_, use only A-Z, 0-9 and _, and contain none of PLUGIN, PATH, LIB, PRELOAD (they load code or change where it is loaded from); rename it, e.g. NODE_POOL" $name $name) -}}
 {{- end -}}
 {{- end -}}
+{{- $shm := include "elastic-job.str" $v.worker.shmSizeLimit -}}
+{{- $shmBytes := include "elastic-job.bytes" $v.worker.shmSizeLimit -}}
+{{- if not $shmBytes -}}
+{{- fail (printf "worker.shmSizeLimit %q is not a Kubernetes quantity: write it like 1Gi, 512Mi, 2G, 1e9 or 1073741824" $shm) -}}
+{{- end -}}
 {{- if and $v.checkpoint.enabled (not $v.checkpoint.existingClaim) -}}
 {{- fail "checkpoint.existingClaim is empty while checkpoint.enabled is true: name an existing PersistentVolumeClaim (ReadWriteMany when pods span nodes)" -}}
 {{- end -}}
@@ -109,11 +114,6 @@ none that loads code or says where code is loaded from. */ -}}
 {{- end -}}
 {{- /* Names the chart sets on the worker container; the user's env must not repeat them. */ -}}
 {{- $owned := list "ELASTIC_JOB_ID" "ELASTIC_RDZV_ENDPOINT" "ELASTIC_MIN_NODES" "ELASTIC_MAX_NODES" "ELASTIC_NPROC_PER_NODE" "ELASTIC_MAX_RESTARTS" "ELASTIC_RDZV_CONF" "ELASTIC_MONITOR_INTERVAL" "ELASTIC_GATE_TIMEOUT" "ELASTIC_GATE_PEERS" "ELASTIC_MESH_INTERFACES" "ELASTIC_MESH_REQUIRED" "ELASTIC_INJECT_ENV" "ELASTIC_GRACE_PERIOD" "ELASTIC_SCALE_DOWN" "ELASTIC_STATEFULSETS" "CHECKPOINT_DIR" "POD_NAME" "POD_NAMESPACE" "POD_IP" "NODE_NAME" -}}
-{{- $shm := include "elastic-job.str" $v.worker.shmSizeLimit -}}
-{{- $shmBytes := include "elastic-job.bytes" $v.worker.shmSizeLimit -}}
-{{- if not $shmBytes -}}
-{{- fail (printf "worker.shmSizeLimit %q is not a Kubernetes quantity: write it like 1Gi, 512Mi, 2G, 1e9 or 1073741824" $shm) -}}
-{{- end -}}
 {{- range $name := $groups -}}
 {{- $g := index $v.workerGroups $name -}}
 {{- $s := include "elastic-job.groupSettings" (dict "root" $ "name" $name "group" $g) | fromYaml -}}
