@@ -57,6 +57,16 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ include "etcd-rendezvous.chart" . | quote }}
 {{- end -}}
 
+{{/* A size as Kubernetes reads it: YAML integers in full (2147483648, which Helm holds as
+2.147483648e+09), strings as written. */}}
+{{- define "etcd-rendezvous.quantity" -}}
+{{- if and (kindIs "float64" .) (eq . (float64 (int64 .))) -}}
+{{- int64 . -}}
+{{- else -}}
+{{- toString . -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "etcd-rendezvous.clusterDomain" -}}
 {{- .Values.clusterDomain | default ((.Values.global | default dict).clusterDomain) | default "cluster.local" -}}
 {{- end -}}
