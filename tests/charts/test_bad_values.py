@@ -53,6 +53,31 @@ CASES = [
         ("rendezvous.extraConf.timeot=5",),
     ),
     Bad("command-empty", "job.command", values="job:\n  command: []\n"),
+    Bad(
+        "command-program-empty",
+        "job.command[0]",
+        values='job:\n  command: ["", train.py]\n',
+        also=("program",),
+    ),
+    Bad("command-program-blank", "job.command[0]", values='job:\n  command: ["  "]\n'),
+    Bad(
+        "command-python-script-empty",
+        "job.command[1]",
+        values='job:\n  command: [python3, "", --steps, "5"]\n',
+        also=("script",),
+    ),
+    Bad(
+        "command-python-module-empty",
+        "job.command[2]",
+        values='job:\n  command: [/usr/bin/python, -m, ""]\n',
+        also=("module",),
+    ),
+    Bad(
+        "command-python-without-script",
+        "job.command[1]",
+        values="job:\n  command: [python]\n",
+        also=("missing",),
+    ),
     Bad("job-id-with-space", "job.id", ("job.id=has space",)),
     Bad(
         "replicas-below-minNodes",
@@ -75,13 +100,26 @@ CASES = [
     ),
     Bad(
         "group-names-collide-at-52",
-        "workerGroups.x1",
+        "workerGroups.a-b",
         (
-            "fullnameOverride=" + "f" * 50,
-            "workerGroups.x1.replicas=1",
-            "workerGroups.x2.replicas=1",
+            # The full name is cut before "-<group>": to 48 for "a-b", 50 for "b".
+            "fullnameOverride=" + "f" * 48 + "-a" + "ff",
+            "workerGroups.a-b.replicas=1",
+            "workerGroups.b.replicas=1",
         ),
-        also=("workerGroups.x2", "52"),
+        also=("workerGroups.b", "52"),
+    ),
+    Bad(
+        "group-statefulset-is-the-etcd-one",
+        "etcd-rendezvous.fullnameOverride",
+        ("fullnameOverride=x", "etcd-rendezvous.fullnameOverride=x-default"),
+        also=("workerGroups.default", '"x-default"', "fullnameOverride"),
+    ),
+    Bad(
+        "worker-service-is-an-etcd-service",
+        "etcd-rendezvous.fullnameOverride",
+        ("fullnameOverride=x", "etcd-rendezvous.fullnameOverride=x-workers"),
+        also=('"x-workers"',),
     ),
     Bad("worker-tag-latest", "worker.image.tag", ("worker.image.tag=latest",)),
     Bad(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from chart_render import ELASTIC_JOB, EXAMPLES, RELEASE, objects, of_kind, one
 
@@ -108,3 +110,20 @@ def test_min_resources_leave_out_what_some_group_does_not_request() -> None:
         ],
     )
     assert one(objs, "PodGroup")["spec"]["minResources"] == {"cpu": "8"}
+
+
+@pytest.mark.parametrize(("other", "expected"), [("2.5G", "5G"), ("4e9", "6000000000")])
+def test_min_resources_compare_quantities_written_as_yaml_numbers(
+    tmp_path: Path, other: str, expected: str
+) -> None:
+    """A YAML integer request (Helm holds 3000000000 as 3e+09) is compared by its size,
+    and job.minNodes times it is written in full."""
+    values = tmp_path / "numbers.yaml"
+    values.write_text(
+        "gang:\n  volcano:\n    enabled: true\njob:\n  minNodes: 2\n  maxNodes: 2\n"
+        "worker:\n  shmSizeLimit: 1Mi\nworkerGroups:\n  default: null\n"
+        "  a:\n    replicas: 1\n    resources:\n      requests:\n        memory: 3000000000\n"
+        f"  b:\n    replicas: 1\n    resources:\n      requests:\n        memory: {other}\n"
+    )
+    podgroup = one(objects(ELASTIC_JOB, values=[values]), "PodGroup")
+    assert podgroup["spec"]["minResources"] == {"memory": expected}

@@ -2,24 +2,128 @@
 
 from __future__ import annotations
 
-from chart_render import ELASTIC_JOB, NAMESPACE, RELEASE, objects, of_kind, one, worker_statefulsets
+import http.server
+import threading
+from typing import Any, ClassVar
+
+import pytest
+from chart_render import (
+    ELASTIC_JOB,
+    NAMESPACE,
+    RELEASE,
+    etcd_statefulset,
+    objects,
+    of_kind,
+    one,
+    worker_statefulsets,
+)
+from elastic_worker import completion
+from rbac import Request, allows
 
 MULTI = ELASTIC_JOB / "ci" / "multigroup-values.yaml"
 SA = f"{RELEASE}-elastic-job"
 
 
-def test_role_grants_get_and_patch_on_own_statefulsets_by_name() -> None:
-    """rbac.scaleDown: one rule, apps statefulsets and statefulsets/scale, verbs get and
-    patch, resourceNames = exactly this release's worker StatefulSets."""
+def test_role_grants_only_patch_on_the_scale_of_own_statefulsets_by_name() -> None:
+    """rbac.scaleDown: one rule, apps statefulsets/scale, verb patch, resourceNames =
+    exactly this release's worker StatefulSets."""
     objs = objects(ELASTIC_JOB, values=[MULTI])
     (rule,) = one(objs, "Role")["rules"]
     assert rule == {
         "apiGroups": ["apps"],
-        "resources": ["statefulsets", "statefulsets/scale"],
+        "resources": ["statefulsets/scale"],
         "resourceNames": [s["metadata"]["name"] for s in worker_statefulsets(objs)],
-        "verbs": ["get", "patch"],
+        "verbs": ["patch"],
     }
-    assert f"{RELEASE}-etcd-rendezvous" not in rule["resourceNames"]
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Stands in for the API server (which cannot run here): records and accepts."""
+
+    seen: ClassVar[list[tuple[str, str]]] = []
+
+    def do_PATCH(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.seen.append(("PATCH", self.path))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _worker_scale_down_requests(names: tuple[str, ...]) -> list[Request]:
+    """The requests elastic-worker's scale-to-zero sends, as RBAC sees them."""
+    _Recorder.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        api = completion.KubeApi(f"http://127.0.0.1:{server.server_port}", "token", None)
+        assert completion.scale_to_zero(api, NAMESPACE, names) == len(names)
+    finally:
+        server.shutdown()
+        server.server_close()
+    return [Request.from_http(method, path) for method, path in _Recorder.seen]
+
+
+def test_role_allows_every_request_of_the_workers_scale_down() -> None:
+    """What elastic-worker sends when the job completes (ELASTIC_STATEFULSETS) is allowed."""
+    objs = objects(ELASTIC_JOB, values=[MULTI])
+    names = tuple(s["metadata"]["name"] for s in worker_statefulsets(objs))
+    assert len(names) == 2
+    requests = _worker_scale_down_requests(names)
+    assert [(r.verb, r.subresource, r.name) for r in requests] == [
+        ("patch", "scale", n) for n in names
+    ]
+    for req in requests:
+        assert allows([one(objs, "Role")], req), req
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix"),
+    [
+        ("PATCH", ""),  # the spec: image, command, volumes
+        ("PUT", ""),
+        ("DELETE", ""),
+        ("GET", ""),
+        ("PUT", "/scale"),
+        ("GET", "/scale"),
+        ("PATCH", "/status"),
+    ],
+)
+def test_role_refuses_everything_else_on_own_statefulsets(method: str, suffix: str) -> None:
+    """The training code shares the token: it may not rewrite its StatefulSet."""
+    objs = objects(ELASTIC_JOB, values=[MULTI])
+    for sts in worker_statefulsets(objs):
+        path = f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/{sts['metadata']['name']}"
+        assert not allows([one(objs, "Role")], Request.from_http(method, path + suffix))
+
+
+def test_role_refuses_scaling_the_etcd_or_another_statefulset() -> None:
+    """Only this release's workers: not its etcd, not another release's workers."""
+    objs = objects(ELASTIC_JOB, values=[MULTI])
+    role = one(objs, "Role")
+    for name in (etcd_statefulset(objs)["metadata"]["name"], "other-elastic-job-default"):
+        path = f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/{name}/scale"
+        assert not allows([role], Request.from_http("PATCH", path))
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ("rbac.scaleDown.enabled=false",),
+        ("worker.automountServiceAccountToken=false",),
+        ("serviceAccount.create=false",),  # would bind the namespace's "default" account
+    ],
+)
+def test_no_role_when_the_worker_does_not_scale_down(sets: tuple[str, ...]) -> None:
+    """A grant nobody uses is not rendered (ELASTIC_SCALE_DOWN is false in each case)."""
+    objs = objects(ELASTIC_JOB, sets=sets)
+    assert not of_kind(objs, "Role") and not of_kind(objs, "RoleBinding")
 
 
 def test_role_binding_binds_the_service_account() -> None:

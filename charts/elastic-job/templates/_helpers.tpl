@@ -49,10 +49,13 @@ characters, trailing "-" removed. Stable: never random.
 {{- $id | lower | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The worker StatefulSet of a group: "<fullname>-<group>" cut to 52 characters (the
-controller-revision-hash label adds "-<10 character hash>" and labels stop at 63). */}}
+{{/* The worker StatefulSet of a group: "<fullname>-<group>", at most 52 characters (the
+controller-revision-hash label adds "-<10 character hash>" and labels stop at 63). The full
+name is cut, never the group, so a long release name keeps groups apart and apart from the
+etcd StatefulSet ("<release>-etcd-rendezvous"); _validate.tpl refuses what still collides. */}}
 {{- define "elastic-job.statefulsetName" -}}
-{{- printf "%s-%s" (include "elastic-job.fullname" .root) .group | trunc 52 | trimSuffix "-" -}}
+{{- $prefix := include "elastic-job.fullname" .root | trunc (int (sub 51 (len .group))) | trimSuffix "-" -}}
+{{- printf "%s-%s" $prefix .group -}}
 {{- end -}}
 
 {{/* Comma-separated names of every worker StatefulSet of this release, sorted by group. */}}
@@ -79,6 +82,18 @@ controller-revision-hash label adds "-<10 character hash>" and labels stop at 63
 {{- end -}}
 {{- end -}}
 
+{{/*
+"true" when a finished job scales its StatefulSets to zero: rbac.scaleDown.enabled, a
+ServiceAccount the Role is bound to, and its token mounted; else "". Only then does the
+worker container see the token.
+*/}}
+{{- define "elastic-job.scaleDown" -}}
+{{- $v := .Values -}}
+{{- if and $v.rbac.scaleDown.enabled (or $v.serviceAccount.create $v.serviceAccount.name) $v.worker.automountServiceAccountToken -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{- define "elastic-job.podGroupName" -}}
 {{- include "elastic-job.fullname" . -}}
 {{- end -}}
@@ -88,14 +103,15 @@ controller-revision-hash label adds "-<10 character hash>" and labels stop at 63
 {{- printf "%s-%s-node-reader" .Release.Namespace (include "elastic-job.fullname" .) | trunc 253 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* Full name of the bundled etcd-rendezvous chart, as that chart computes it. */}}
-{{- define "elastic-job.etcdFullname" -}}
-{{- $etcd := index .Values "etcd-rendezvous" | default dict -}}
-{{- if $etcd.fullnameOverride -}}
-{{- $etcd.fullnameOverride | trunc 63 | trimSuffix "-" -}}
-{{- else -}}
-{{- printf "%s-etcd-rendezvous" .Release.Name | trunc 63 | trimSuffix "-" -}}
-{{- end -}}
+{{/*
+A helper of the bundled etcd-rendezvous chart, called as that chart calls it, so its names
+have one definition: (dict "root" $ "helper" "fullname") -> etcd-rendezvous.fullname with
+the subchart's context (its values, with its defaults and the globals Helm merged in, its
+chart name, this release). Only while the subchart is enabled.
+*/}}
+{{- define "elastic-job.etcd" -}}
+{{- $ctx := dict "Values" (index .root.Values "etcd-rendezvous") "Chart" (dict "Name" "etcd-rendezvous" "IsRoot" false) "Release" .root.Release -}}
+{{- include (printf "etcd-rendezvous.%s" .helper) $ctx -}}
 {{- end -}}
 
 {{- define "elastic-job.etcdEnabled" -}}
@@ -103,12 +119,10 @@ controller-revision-hash label adds "-<10 character hash>" and labels stop at 63
 {{- if (hasKey $etcd "enabled" | ternary $etcd.enabled true) }}true{{ end -}}
 {{- end -}}
 
-{{/* Rendezvous endpoint host:port: the bundled etcd's client Service FQDN, or the external one. */}}
+{{/* Rendezvous endpoint host:port: the bundled etcd's client Service, or the external one. */}}
 {{- define "elastic-job.rdzvEndpoint" -}}
 {{- if include "elastic-job.etcdEnabled" . -}}
-{{- $etcd := index .Values "etcd-rendezvous" | default dict -}}
-{{- $domain := $etcd.clusterDomain | default ((.Values.global | default dict).clusterDomain) | default "cluster.local" -}}
-{{- printf "%s.%s.svc.%s:2379" (include "elastic-job.etcdFullname" .) .Release.Namespace $domain -}}
+{{- include "elastic-job.etcd" (dict "root" . "helper" "clientEndpoint") -}}
 {{- else -}}
 {{- .Values.rendezvous.endpoint -}}
 {{- end -}}
@@ -124,7 +138,7 @@ bundled etcd has cert-manager issue its certificates, the Secrets it names.
 {{- if .Values.rendezvous.tls.caSecret -}}
 {{- .Values.rendezvous.tls.caSecret -}}
 {{- else if and (include "elastic-job.etcdEnabled" .) $etcdTls.enabled ($etcdTls.certManager | default dict).enabled -}}
-{{- $etcdTls.existingSecret | default (printf "%s-server-tls" (include "elastic-job.etcdFullname" .)) -}}
+{{- include "elastic-job.etcd" (dict "root" . "helper" "serverSecret") -}}
 {{- end -}}
 {{- end -}}
 
@@ -134,7 +148,7 @@ bundled etcd has cert-manager issue its certificates, the Secrets it names.
 {{- if .Values.rendezvous.tls.clientCertSecret -}}
 {{- .Values.rendezvous.tls.clientCertSecret -}}
 {{- else if and .Values.rendezvous.tls.enabled (include "elastic-job.etcdEnabled" .) $etcdTls.enabled $etcdTls.clientCertAuth ($etcdTls.certManager | default dict).enabled -}}
-{{- printf "%s-client-tls" (include "elastic-job.etcdFullname" .) -}}
+{{- include "elastic-job.etcd" (dict "root" . "helper" "clientSecret") -}}
 {{- end -}}
 {{- end -}}
 
@@ -222,24 +236,37 @@ podAnnotations merge (the group wins); the rest replace when the group sets them
 {{- end -}}
 
 {{/*
-A Kubernetes quantity in bytes (as a float), for comparing sizes: "1Gi", "512Mi", "2G",
-"1e9", "100". Call with the quantity; returns "" when it is not a byte quantity.
+The leading number of a Kubernetes quantity (resource.Quantity's grammar): sign, digits,
+an optional point and fraction ("1", "1.5", "1.", ".5"). Its suffix is the rest.
+*/}}
+{{- define "elastic-job.quantityNumber" -}}
+{{- regexFind "^[+-]?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)" (include "elastic-job.str" .) -}}
+{{- end -}}
+
+{{/*
+A Kubernetes quantity in bytes (as a float), for comparing sizes, in every form the API
+server takes: binary suffixes ("1Gi"), decimal ones ("2G", "500m"), exponents ("1e9",
+"1.5E3"), plain numbers and YAML numbers (1073741824, which Helm holds as 1.073741824e+09).
+Returns "" when it is none of these (callers refuse it, naming the value).
 */}}
 {{- define "elastic-job.bytes" -}}
-{{- $q := . | toString -}}
-{{- $m := regexFindAll "^([0-9]+(?:\\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E|m)?$" $q 1 -}}
-{{- if $m -}}
-{{- $num := regexFind "^[0-9]+(?:\\.[0-9]+)?" $q -}}
-{{- $unit := trimPrefix $num $q -}}
-{{- $mult := dict "" 1.0 "m" 0.001 "k" 1e3 "K" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
-{{- mulf (float64 $num) (index $mult $unit) -}}
+{{- $q := include "elastic-job.str" . -}}
+{{- $num := include "elastic-job.quantityNumber" . -}}
+{{- $suffix := trimPrefix $num $q -}}
+{{- $mult := dict "" 1.0 "m" 0.001 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- if not $num -}}
+{{- else if hasKey $mult $suffix -}}
+{{- mulf (float64 $num) (index $mult $suffix) -}}
+{{- else if regexMatch "^[eE][+-]?[0-9]{1,2}$" $suffix -}}
+{{- /* "1E" is exa, "1E3" a thousand; exponents of at most two digits keep it finite. */ -}}
+{{- float64 $q -}}
 {{- end -}}
 {{- end -}}
 
 {{/* A quantity times a count, keeping its unit: (dict "q" "16Gi" "n" 2) -> "32Gi". */}}
 {{- define "elastic-job.quantityTimes" -}}
-{{- $q := .q | toString -}}
-{{- $num := regexFind "^[0-9]+(?:\\.[0-9]+)?" $q -}}
+{{- $q := include "elastic-job.str" .q -}}
+{{- $num := include "elastic-job.quantityNumber" .q -}}
 {{- $unit := trimPrefix $num $q -}}
 {{- $total := mulf (float64 $num) (float64 .n) -}}
 {{- if eq $total (float64 (int64 $total)) -}}
@@ -277,7 +304,11 @@ StatefulSet, each with the reason, as its checkov.io/skipN annotations.
 {{- $skips = append $skips (printf "CKV_K8S_25=capabilities %s were added in worker.containerSecurityContext by the user (RDMA and EFA need IPC_LOCK to lock memory)" (join "," $caps)) -}}
 {{- end -}}
 {{- if $w.automountServiceAccountToken -}}
+{{- if include "elastic-job.scaleDown" .root -}}
 {{- $skips = append $skips "CKV_K8S_38=init-topology reads its Node and the worker scales its own StatefulSets through the API (rbac.*)" -}}
+{{- else -}}
+{{- $skips = append $skips "CKV_K8S_38=init-topology reads its Node through the API (rbac.nodeReader); the worker container does not see the token (scale-down is off)" -}}
+{{- end -}}
 {{- end -}}
 {{- if not .root.Values.networkPolicy.enabled -}}
 {{- $skips = append $skips "CKV2_K8S_6=networkPolicy.enabled was turned off by the user" -}}

@@ -9,6 +9,22 @@ do. Included once, from worker-statefulset.yaml (rendered on every install).
 {{- if gt $min $max -}}
 {{- fail (printf "job.minNodes (%d) is greater than job.maxNodes (%d): set job.minNodes <= job.maxNodes" $min $max) -}}
 {{- end -}}
+{{- /* Empty arguments where they can only be a mistake: the program, and after a Python
+interpreter the script (or the module after -m). Empty arguments elsewhere are data. */ -}}
+{{- $cmd := list -}}
+{{- range $v.job.command }}{{ $cmd = append $cmd (include "elastic-job.str" .) }}{{ end -}}
+{{- if not (trim (first $cmd)) -}}
+{{- fail (printf "job.command[0] is %q: it is the program torchrun starts and cannot be empty; start job.command with it, e.g. [python, /workspace/train.py]" (first $cmd)) -}}
+{{- end -}}
+{{- if regexMatch "^python([0-9]+(\\.[0-9]+)?)?$" (base (first $cmd)) -}}
+{{- /* A missing script is the same mistake: python would read its closed stdin and exit 0. */ -}}
+{{- $at := ternary 2 1 (and (gt (len $cmd) 1) (eq (index $cmd 1) "-m")) -}}
+{{- $arg := "missing" -}}
+{{- if gt (len $cmd) $at }}{{ $arg = index $cmd $at | quote }}{{ end -}}
+{{- if or (eq $arg "missing") (not (trim (index $cmd $at))) -}}
+{{- fail (printf "job.command[%d] is %s: after %s it names the %s to run and cannot be empty, e.g. [%s, /workspace/train.py] or [%s, -m, mypkg.train]" $at $arg (join " " (slice $cmd 0 $at)) (ternary "module" "script" (eq $at 2)) (first $cmd) (first $cmd)) -}}
+{{- end -}}
+{{- end -}}
 {{- $groups := list -}}
 {{- $replicas := 0 -}}
 {{- range $name, $g := $v.workerGroups -}}
@@ -33,6 +49,19 @@ do. Included once, from worker-statefulset.yaml (rendered on every install).
 {{- fail (printf "workerGroups.%s and workerGroups.%s give the same StatefulSet name %q after cutting to 52 characters: shorten the group names or fullnameOverride" (index $names $sts) $name $sts) -}}
 {{- end -}}
 {{- $_ := set $names $sts $name -}}
+{{- end -}}
+{{- /* Workers and the bundled etcd share the namespace: pods, Services, NetworkPolicies. */ -}}
+{{- if include "elastic-job.etcdEnabled" . -}}
+{{- $etcdSts := include "elastic-job.etcd" (dict "root" $ "helper" "statefulsetName") -}}
+{{- $naming := printf "release name %q, fullnameOverride %q, etcd-rendezvous.fullnameOverride %q" $.Release.Name ($v.fullnameOverride | toString) ((index $v "etcd-rendezvous").fullnameOverride | toString) -}}
+{{- if hasKey $names $etcdSts -}}
+{{- fail (printf "workerGroups.%s: its StatefulSet name %q is also the bundled etcd's (%s), so their pods would collide: use a shorter release name, or set fullnameOverride or etcd-rendezvous.fullnameOverride to tell them apart" (index $names $etcdSts) $etcdSts $naming) -}}
+{{- end -}}
+{{- $workers := include "elastic-job.workerServiceName" . -}}
+{{- $etcdNames := list (include "elastic-job.etcd" (dict "root" $ "helper" "fullname")) (include "elastic-job.etcd" (dict "root" $ "helper" "headlessName")) -}}
+{{- if has $workers $etcdNames -}}
+{{- fail (printf "the workers' Service and NetworkPolicy name %q is also a bundled etcd object's name (%s): set fullnameOverride or etcd-rendezvous.fullnameOverride to tell them apart" $workers $naming) -}}
+{{- end -}}
 {{- end -}}
 {{- /* The rendezvous endpoint. */ -}}
 {{- if include "elastic-job.etcdEnabled" . -}}
@@ -64,11 +93,18 @@ do. Included once, from worker-statefulset.yaml (rendered on every install).
 {{- if ge (float64 $v.rendezvous.lastCallTimeout) (float64 $v.rendezvous.joinTimeout) -}}
 {{- fail (printf "rendezvous.lastCallTimeout (%v) must be shorter than rendezvous.joinTimeout (%v)" $v.rendezvous.lastCallTimeout $v.rendezvous.joinTimeout) -}}
 {{- end -}}
-{{- $reserved := list "ENV" "HOME" "IFS" "LD_AUDIT" "LD_LIBRARY_PATH" "LD_PRELOAD" "OPTIND" "PATH" "PS1" "PS2" "PS4" "PWD" "PYTHONHOME" "PYTHONPATH" "PYTHONSTARTUP" "SHELL" -}}
+{{- /* Variables whose values come from node labels: a rule, not a list of known-bad names
+(the same rule in images/init-topology). Only the families a node's fabric is tuned by, and
+none that loads code or says where code is loaded from. */ -}}
 {{- range $name, $_ := $v.topology.labelMap -}}
-{{- if has $name $reserved -}}
-{{- fail (printf "topology.labelMap.%s: %s changes how a shell or the loader behaves and may not come from a node label; choose another variable name" $name $name) -}}
+{{- if or (not (regexMatch "^(NODE|NCCL|GLOO|FI|UCX)_[A-Z0-9_]*$" $name)) (regexMatch "PLUGIN|PATH|LIB|PRELOAD" $name) -}}
+{{- fail (printf "topology.labelMap.%s: %q may not be set from a node label: a variable name must start with NODE_, NCCL_, GLOO_, FI_ or UCX_, use only A-Z, 0-9 and _, and contain none of PLUGIN, PATH, LIB, PRELOAD (they load code or change where it is loaded from); rename it, e.g. NODE_POOL" $name $name) -}}
 {{- end -}}
+{{- end -}}
+{{- $shm := include "elastic-job.str" $v.worker.shmSizeLimit -}}
+{{- $shmBytes := include "elastic-job.bytes" $v.worker.shmSizeLimit -}}
+{{- if not $shmBytes -}}
+{{- fail (printf "worker.shmSizeLimit %q is not a Kubernetes quantity: write it like 1Gi, 512Mi, 2G, 1e9 or 1073741824" $shm) -}}
 {{- end -}}
 {{- if and $v.checkpoint.enabled (not $v.checkpoint.existingClaim) -}}
 {{- fail "checkpoint.existingClaim is empty while checkpoint.enabled is true: name an existing PersistentVolumeClaim (ReadWriteMany when pods span nodes)" -}}
@@ -93,10 +129,14 @@ do. Included once, from worker-statefulset.yaml (rendered on every install).
 {{- end -}}
 {{- $limits := ($s.resources | default dict).limits | default dict -}}
 {{- if $limits.memory -}}
+{{- $limit := include "elastic-job.str" $limits.memory -}}
+{{- $where := ternary (printf "workerGroups.%s.resources.limits.memory" $name) "worker.resources.limits.memory" (hasKey $g "resources") -}}
 {{- $limitBytes := include "elastic-job.bytes" $limits.memory -}}
-{{- $shmBytes := include "elastic-job.bytes" $v.worker.shmSizeLimit -}}
-{{- if and $limitBytes $shmBytes (gt (float64 $shmBytes) (float64 $limitBytes)) -}}
-{{- fail (printf "worker.shmSizeLimit (%s) exceeds the memory limit of workerGroups.%s (%s): /dev/shm counts against it; lower worker.shmSizeLimit or raise the limit" (toString $v.worker.shmSizeLimit) $name (toString $limits.memory)) -}}
+{{- if not $limitBytes -}}
+{{- fail (printf "%s %q is not a Kubernetes quantity: write it like 32Gi, 512Mi, 2G, 1e9 or 1073741824" $where $limit) -}}
+{{- end -}}
+{{- if gt (float64 $shmBytes) (float64 $limitBytes) -}}
+{{- fail (printf "worker.shmSizeLimit (%s) exceeds the memory limit of workerGroups.%s (%s = %s): /dev/shm counts against it; lower worker.shmSizeLimit or raise the limit" $shm $name $where $limit) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

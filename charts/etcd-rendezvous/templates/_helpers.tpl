@@ -1,13 +1,22 @@
 {{/*
-Full name: fullnameOverride, else "<release>-etcd-rendezvous", cut to 63 characters (a DNS
-label). The chart name is spelled out rather than taken from .Chart.Name so the name is the
-same when the chart is installed alone, as a dependency, or under an alias.
+Chart name in object names: nameOverride, else "etcd-rendezvous". Spelled out rather than
+taken from .Chart.Name so the name is the same when the chart is installed alone, as a
+dependency, or under an alias.
+*/}}
+{{- define "etcd-rendezvous.name" -}}
+{{- .Values.nameOverride | default "etcd-rendezvous" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Full name: fullnameOverride, else "<release>-<name>", cut to 63 characters (a DNS label).
+A parent chart (elastic-job) calls this and the other name helpers below with a context
+it builds (Values, Chart, Release): they read nothing else.
 */}}
 {{- define "etcd-rendezvous.fullname" -}}
 {{- if .Values.fullnameOverride -}}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-etcd-rendezvous" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name (include "etcd-rendezvous.name" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 
@@ -48,12 +57,32 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ include "etcd-rendezvous.chart" . | quote }}
 {{- end -}}
 
+{{/* A size as Kubernetes reads it: YAML integers in full (2147483648, which Helm holds as
+2.147483648e+09), strings as written. */}}
+{{- define "etcd-rendezvous.quantity" -}}
+{{- if and (kindIs "float64" .) (eq . (float64 (int64 .))) -}}
+{{- int64 . -}}
+{{- else -}}
+{{- toString . -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "etcd-rendezvous.clusterDomain" -}}
 {{- .Values.clusterDomain | default ((.Values.global | default dict).clusterDomain) | default "cluster.local" -}}
 {{- end -}}
 
 {{- define "etcd-rendezvous.clientHost" -}}
 {{- printf "%s.%s.svc.%s" (include "etcd-rendezvous.fullname" .) .Release.Namespace (include "etcd-rendezvous.clusterDomain" .) -}}
+{{- end -}}
+
+{{/* The client port (Services, container, flags, NetworkPolicy). */}}
+{{- define "etcd-rendezvous.clientPort" -}}
+2379
+{{- end -}}
+
+{{/* host:port of the client Service, as clients (torch, elastic-worker) are given it. */}}
+{{- define "etcd-rendezvous.clientEndpoint" -}}
+{{- printf "%s:%s" (include "etcd-rendezvous.clientHost" .) (include "etcd-rendezvous.clientPort" .) -}}
 {{- end -}}
 
 {{/* The Secret with the server certificate (tls.crt, tls.key, ca.crt). */}}
