@@ -74,6 +74,9 @@ PLACES: dict[str, Callable[[], str]] = {
         "images/init-topology/src/init_topology/__init__.py"
     ),
     "CHANGELOG.md newest section": _changelog_top,
+    "values-examples/argocd/application.yaml targetRevision (v<VERSION>)": lambda: str(
+        _yaml("values-examples/argocd/application.yaml")["spec"]["source"]["targetRevision"]
+    ).removeprefix("v"),
 }
 
 
