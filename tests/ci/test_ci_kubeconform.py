@@ -37,8 +37,8 @@ def schemas(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _schema_path(schemas: Path, obj: dict[str, Any]) -> Path:
     """kubeconform's '{{.Group}}/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json'."""
-    group, _, version = obj["apiVersion"].rpartition("/")
-    return schemas / group / f"{obj['kind'].lower()}_{version}.json"
+    group, _, version = str(obj["apiVersion"]).rpartition("/")
+    return schemas / group / f"{str(obj['kind']).lower()}_{version}.json"
 
 
 def kubeconform_errors(schemas: Path, obj: dict[str, Any]) -> list[str]:

@@ -19,7 +19,8 @@ SHA = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _workflow() -> dict[Any, Any]:
-    return yaml.safe_load(WORKFLOW.read_text())
+    workflow: dict[Any, Any] = yaml.safe_load(WORKFLOW.read_text())
+    return workflow
 
 
 def _steps() -> list[dict[str, Any]]:
@@ -97,8 +98,8 @@ def test_crd_pins_are_the_upstream_files_the_tests_use() -> None:
         assert re.match(
             r"https://raw\.githubusercontent\.com/[\w.-]+/[\w.-]+/[0-9a-f]{40}/", pin.url
         )
-    for path, pin in zip(crd_files(), pins, strict=True):
-        assert sha256(path) == pin.sha256, (path, pin)
+    for local, pin in zip(crd_files(), pins, strict=True):
+        assert sha256(local) == pin.sha256, (local, pin)
     urls = {pin.url for pin in pins}
     for name, (repo_at_commit, path) in UPSTREAM_CRDS.items():
         url = f"https://raw.githubusercontent.com/{repo_at_commit}/{path}"

@@ -15,14 +15,16 @@ VERSION = (ROOT / "VERSION").read_text().strip()
 
 
 def _application() -> dict[str, Any]:
-    return yaml.safe_load(APPLICATION.read_text())
+    app: dict[str, Any] = yaml.safe_load(APPLICATION.read_text())
+    return app
 
 
 def _readme_argocd_snippet() -> dict[str, Any]:
     section = README.read_text().split("\n## Argo CD\n", 1)[1]
     block = re.search(r"```yaml\n(.*?)```", section, re.S)
     assert block, "charts/elastic-job/README.md's Argo CD section has no yaml snippet"
-    return yaml.safe_load(block[1])["spec"]
+    spec: dict[str, Any] = yaml.safe_load(block[1])["spec"]
+    return spec
 
 
 def test_application_targets_the_release_tag() -> None:

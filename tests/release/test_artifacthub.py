@@ -19,7 +19,9 @@ KINDS = {"added", "changed", "deprecated", "removed", "fixed", "security"}
 
 
 def _annotations(chart: str) -> dict[str, str]:
-    return yaml.safe_load((ROOT / "charts" / chart / "Chart.yaml").read_text())["annotations"]
+    chart_yaml = yaml.safe_load((ROOT / "charts" / chart / "Chart.yaml").read_text())
+    annotations: dict[str, str] = chart_yaml["annotations"]
+    return annotations
 
 
 def _rendered_images(helm: Path, chart: str) -> set[str]:
