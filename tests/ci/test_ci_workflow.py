@@ -5,7 +5,9 @@ ones this project tests with."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +149,39 @@ def test_fetch_verified_list_mode_fetches_each_pinned_line(tmp_path: Path) -> No
     proc = _fetch("--list", pins, tmp_path / "crds")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "crds").iterdir()) == ["a_crds.yaml", "b_crds.yaml"]
+
+
+def test_render_all_stops_at_a_values_file_that_does_not_render(
+    helm3: Path, tmp_path: Path
+) -> None:
+    """A values example the chart refuses fails the workflow's render step with helm's
+    message, instead of leaving an empty file for kubeconform to pass."""
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "charts", repo / "charts", symlinks=True)
+    shutil.copytree(ROOT / "ci", repo / "ci")
+    shutil.copytree(ROOT / "values-examples", repo / "values-examples")
+    (repo / "values-examples" / "zz-bad.yaml").write_text("job:\n  minNodes: 5\n  maxNodes: 2\n")
+    proc = subprocess.run(
+        [repo / "ci" / "render-all", tmp_path / "out"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HELM": str(helm3), "HOME": str(tmp_path)},
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "job.minNodes (5) is greater than job.maxNodes (2)" in proc.stderr
+
+
+def test_crd_schemas_refuses_a_file_without_a_crd(tmp_path: Path) -> None:
+    """A pin pointing at the wrong file (not a CRD) is an error naming it."""
+    wrong = tmp_path / "not-a-crd.yaml"
+    wrong.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    proc = subprocess.run(
+        [sys.executable, CI / "crd-schemas", tmp_path / "out", wrong],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert f"{wrong}: no CustomResourceDefinition in it" in proc.stderr
