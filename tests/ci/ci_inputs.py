@@ -80,7 +80,7 @@ def crd_files() -> list[Path]:
 
 def generate_schemas(outdir: Path, files: list[Path]) -> Path:
     proc = subprocess.run(
-        [sys.executable, CI / "crd-schemas", outdir, *files],
+        [sys.executable, CI / "crd_schemas.py", outdir, *files],
         capture_output=True,
         text=True,
         check=False,

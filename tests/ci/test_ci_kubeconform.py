@@ -1,5 +1,5 @@
 """The workflow's kubeconform step, run here: the same renders (ci/render-all) validated
-against the same schemas (ci/crd-schemas from ci/crds.sha256's CRDs, and the strict
+against the same schemas (ci/crd_schemas.py from ci/crds.sha256's CRDs, and the strict
 upstream Kubernetes schemas), with jsonschema in place of kubeconform, which has no
 package here. Helm 3 and 4, as the workflow's matrix."""
 
@@ -91,7 +91,7 @@ def test_a_crd_kind_without_a_schema_fails(schemas: Path) -> None:
 def test_generated_schemas_refuse_unknown_fields_but_keep_open_subtrees(
     helm: Path, schemas: Path, tmp_path: Path
 ) -> None:
-    """ci/crd-schemas makes the CRD schemas strict: a misspelt PodGroup field fails, while
+    """ci/crd_schemas.py makes the CRD schemas strict: a misspelt PodGroup field fails, while
     x-kubernetes-preserve-unknown-fields subtrees (an Application's helm valuesObject)
     stay open."""
     out = render_all(helm, tmp_path / "out")

@@ -81,11 +81,11 @@ def test_kubeconform_matrix_is_the_tested_kubernetes_minors() -> None:
 
 
 def test_kubeconform_step_uses_the_scripts_the_tests_run() -> None:
-    """The step validates ci/render-all's output with ci/crd-schemas' layout and does not
+    """The step validates ci/render-all's output with ci/crd_schemas.py's layout and does not
     ignore missing schemas."""
     runs = "\n".join(s.get("run", "") for s in _workflow()["jobs"]["kubeconform"]["steps"])
     assert "ci/fetch-verified --list ci/crds.sha256 crds" in runs
-    assert "ci/crd-schemas crd-schemas crds/*.yaml" in runs
+    assert "ci/crd_schemas.py crd-schemas crds/*.yaml" in runs
     assert "ci/render-all out" in runs
     assert "'crd-schemas/{{.Group}}/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json'" in runs
     assert "-strict" in runs and "ignore-missing-schemas" not in runs
@@ -178,7 +178,7 @@ def test_crd_schemas_refuses_a_file_without_a_crd(tmp_path: Path) -> None:
     wrong = tmp_path / "not-a-crd.yaml"
     wrong.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
     proc = subprocess.run(
-        [sys.executable, CI / "crd-schemas", tmp_path / "out", wrong],
+        [sys.executable, CI / "crd_schemas.py", tmp_path / "out", wrong],
         capture_output=True,
         text=True,
         check=False,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turn CustomResourceDefinitions into the JSON schemas kubeconform reads.
 
-    ci/crd-schemas OUTDIR CRD.yaml...
+    ci/crd_schemas.py OUTDIR CRD.yaml...
 
 writes OUTDIR/<group>/<kind>_<version>.json (kind lower-cased) for every version of every
 CRD, the layout of kubeconform's
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(json.dumps(schema, indent=1, sort_keys=True) + "\n")
                 written += 1
-    print(f"crd-schemas: wrote {written} schemas to {outdir}")
+    print(f"crd_schemas: wrote {written} schemas to {outdir}")
     return 0
 
 
