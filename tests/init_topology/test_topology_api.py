@@ -265,9 +265,10 @@ def test_without_a_token_it_degrades_and_says_how_to_mount_one(
         ({"TOPOLOGY_LABEL_MAP": '["NODE_X"]'}, "must be a JSON object"),
         (
             {"TOPOLOGY_LABEL_MAP": '{"node-rack": ["a"]}'},
-            "'node-rack' is not a valid variable name",
+            '"node-rack" is not allowed: a variable name must match',
         ),
-        ({"TOPOLOGY_LABEL_MAP": '{"PATH": ["a"]}'}, "PATH is reserved"),
+        ({"TOPOLOGY_LABEL_MAP": '{"PATH": ["a"]}'}, "PATH is not allowed"),
+        ({"TOPOLOGY_LABEL_MAP": '{"BASH_ENV": ["a"]}'}, "BASH_ENV is not allowed"),
         (
             {"TOPOLOGY_LABEL_MAP": '{"NODE_RACK": "a"}'},
             "must map to a non-empty list of label keys",
