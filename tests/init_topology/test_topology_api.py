@@ -7,6 +7,7 @@ No conftest.py in this directory: tests/ has no __init__.py, so a second module 
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -312,3 +313,40 @@ def test_a_hostile_label_value_survives_json_the_file_and_sh(
     assert run.returncode == 0, run.stderr
     assert read_env_file(run.output)["NODE_EVIL"] == value
     assert not marker.exists()
+
+
+def test_label_bytes_are_escaped_in_the_log_and_exact_in_the_file(
+    run_init: RunInit, api: FakeApiServer
+) -> None:
+    """A newline must not split the summary line, nor an escape sequence reach the terminal;
+    the env file still holds the label's bytes."""
+    model = "H100\ninit-topology: error: forged\x1b[2J\x1b]0;title\x07\x9b31m\u202eok\u2028"
+    zone = 'zone a "b" \\c'
+    labels = api.nodes[NODE]["metadata"]["labels"]
+    labels["nvidia.com/gpu.product"] = model
+    labels["topology.kubernetes.io/zone"] = zone
+    run = run_init(NODE)
+    assert_clean(run)
+    assert run.returncode == 0, run.stderr
+    [line] = run.lines
+    assert line.isprintable()
+    # JSON-quoted (so a space or quote cannot blur the key=value list), then what JSON
+    # leaves raw (C1, bidi, line separator) escaped by the formatter.
+    expected = (
+        r'"H100\ninit-topology: error: forged\u001b[2J\u001b]0;title\u0007\x9b31m\u202eok\u2028"'
+    )
+    assert f"gpu_model={expected} " in line
+    assert f"zone={json.dumps(zone)} " in line
+    got = read_env_file(run.output)
+    assert (got["NODE_GPU_MODEL"], got["NODE_ZONE"]) == (model, zone)
+
+
+def test_every_log_line_is_one_printable_line_whatever_the_setting_held(
+    run_init: RunInit,
+) -> None:
+    """NODE_NAME reaches the warning twice (our text and the API server's 404 message)."""
+    run = run_init("gone\x1b[2J\ninit-topology: info: forged")
+    assert_clean(run)
+    assert run.returncode == 0, run.stderr
+    assert len(run.lines) == 2 and all(line.isprintable() for line in run.lines), run.stderr
+    assert 'cannot read Node "gone\\x1b[2J\\ninit-topology: info: forged"' in warning(run)

@@ -87,4 +87,3 @@ def test_label_map_refuses_a_name_outside_the_rule_naming_it_and_stating_the_rul
 @pytest.mark.parametrize("name", ALLOWED)
 def test_label_map_accepts_fabric_tuning_names(name: str) -> None:
     assert parse_label_map(json.dumps({name: ["example.com/x"]})) == ((name, ("example.com/x",)),)
-
