@@ -18,7 +18,7 @@ import pytest
 from test_topology_mapping import EXPECTED
 from topology_helpers import BIN, INIT_TOPOLOGY, Run, read_env_file
 
-from localrun.apiserver import FakeApiServer, load_nodes
+from localrun.apiserver import NODES_DIR, FakeApiServer, load_nodes
 
 RunInit = Callable[..., Run]
 
@@ -31,10 +31,19 @@ DEGRADED = {
 }
 
 
+#: Every Node fixture, including those no local-run profile names.
+ALL_FIXTURES = sorted(path.stem for path in NODES_DIR.glob("*.json"))
+
+
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[FakeApiServer]:
-    with FakeApiServer(load_nodes("all"), workdir=tmp_path / "api", hang_seconds=60) as server:
+    nodes = load_nodes(ALL_FIXTURES)
+    with FakeApiServer(nodes, workdir=tmp_path / "api", hang_seconds=60) as server:
         yield server
+
+
+def test_every_node_fixture_has_its_expected_file() -> None:
+    assert sorted(EXPECTED) == ALL_FIXTURES
 
 
 @pytest.fixture
@@ -350,3 +359,37 @@ def test_every_log_line_is_one_printable_line_whatever_the_setting_held(
     assert run.returncode == 0, run.stderr
     assert len(run.lines) == 2 and all(line.isprintable() for line in run.lines), run.stderr
     assert 'cannot read Node "gone\\x1b[2J\\ninit-topology: info: forged"' in warning(run)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("spec",), None),
+        (("status",), None),
+        (("metadata",), None),
+        (("metadata", "labels"), ["nvidia.com/gpu.product=H100"]),
+        (("metadata", "labels"), "zone=a"),
+        (("metadata", "labels", "topology.kubernetes.io/zone"), 7),
+        (("metadata", "annotations"), 3),
+        (("status", "allocatable"), [8]),
+        (("status", "capacity"), "lots"),
+        (("status", "allocatable", "nvidia.com/gpu"), {"n": 8}),
+        (("spec", "providerID"), ["aws:///x"]),
+    ],
+)
+def test_a_malformed_node_degrades_as_one_without_those_fields(
+    path: tuple[str, ...], value: object, run_init: RunInit, api: FakeApiServer
+) -> None:
+    node = api.nodes["aks-ndh100-26783410-vmss000003"]
+    *parents, last = path
+    target = node
+    for key in parents:
+        target = target[key]
+    target[last] = value
+    run = run_init("aks-ndh100-26783410-vmss000003")
+    assert_clean(run)
+    assert run.returncode == 0, run.stderr
+    assert [line.split(": ")[1] for line in run.lines] == ["info"], run.stderr
+    got = read_env_file(run.output)
+    assert got["NODE_NAME"] == "aks-ndh100-26783410-vmss000003"
+    assert got["NODE_TOPOLOGY_SOURCE"] == "api"
