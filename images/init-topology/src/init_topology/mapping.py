@@ -419,7 +419,7 @@ def _quantity(text: str) -> Decimal | None:
         return None
     number = Decimal(match["number"])
     if match["binary"]:
-        return number * _BINARY[match["binary"]]
+        return _EXACT.multiply(number, Decimal(_BINARY[match["binary"]]))
     exponent = _DECIMAL[match["decimal"]] if match["decimal"] else int(match["exponent"] or 0)
     if abs(exponent) > _MAX_QUANTITY_CHARS:
         return None
