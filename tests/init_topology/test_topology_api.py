@@ -350,15 +350,45 @@ def test_label_bytes_are_escaped_in_the_log_and_exact_in_the_file(
     assert (got["NODE_GPU_MODEL"], got["NODE_ZONE"]) == (model, zone)
 
 
-def test_every_log_line_is_one_printable_line_whatever_the_setting_held(
-    run_init: RunInit,
+@pytest.mark.parametrize(
+    "node_name",
+    ["gone\x1b[2J\ninit-topology: info: forged", "Upper.Case", "a_b", "x" * 254, "-a", "a..b"],
+)
+def test_a_node_name_no_node_can_have_is_refused_in_one_printable_line(
+    node_name: str, run_init: RunInit, api: FakeApiServer
 ) -> None:
-    """NODE_NAME reaches the warning twice (our text and the API server's 404 message)."""
-    run = run_init("gone\x1b[2J\ninit-topology: info: forged")
+    """Refused before any request (the downward API only ever gives a DNS subdomain), and
+    whatever it holds, the message stays one line and sends no escape to the terminal."""
+    run = run_init(node_name)
     assert_clean(run)
-    assert run.returncode == 0, run.stderr
-    assert len(run.lines) == 2 and all(line.isprintable() for line in run.lines), run.stderr
-    assert 'cannot read Node "gone\\x1b[2J\\ninit-topology: info: forged"' in warning(run)
+    assert run.returncode == 2
+    [line] = run.lines
+    assert line.isprintable()
+    assert f"init-topology: error: NODE_NAME {node_name!r} is not a Kubernetes node name" in line
+    assert "spec.nodeName" in line
+    assert api.requests == []
+
+
+def test_a_node_name_that_is_not_utf8_is_refused_not_a_traceback(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """Python reads undecodable environment bytes as lone surrogates, which neither the
+    client's URL quoting nor stderr can encode: they reached a traceback, exit 1."""
+    output = tmp_path / "env"
+    env = {
+        b"PATH": f"{BIN}:/usr/bin:/bin".encode(),
+        b"NODE_NAME": b"gone-\xff",
+        b"TOPOLOGY_OUTPUT": str(output).encode(),
+        b"TOPOLOGY_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir).encode(),
+        **{k.encode(): v.encode() for k, v in api.env().items()},
+    }
+    done = subprocess.run(
+        [str(INIT_TOPOLOGY)], env=env, capture_output=True, timeout=120, check=False
+    )
+    stderr = done.stderr.decode("utf-8")
+    assert done.returncode == 2, stderr
+    assert "Logging error" not in stderr and "Traceback" not in stderr
+    assert stderr.startswith("init-topology: error: NODE_NAME 'gone-\\udcff' is not")
 
 
 @pytest.mark.parametrize(

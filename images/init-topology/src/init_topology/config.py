@@ -48,6 +48,11 @@ def label_map_name_allowed(name: str) -> bool:
     )
 
 
+#: A Node's name is a DNS subdomain (RFC 1123), as the API server validates it.
+_NODE_NAME = re.compile(
+    r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
+)
+
 LabelMap = tuple[tuple[str, tuple[str, ...]], ...]
 
 
@@ -78,6 +83,13 @@ def load_config(environ: Mapping[str, str]) -> Config:
         raise ConfigError(
             "NODE_NAME is not set: give the container NODE_NAME from the downward API "
             "(valueFrom.fieldRef.fieldPath: spec.nodeName), as the elastic-job chart does"
+        )
+    if not _NODE_NAME.match(node_name):
+        raise ConfigError(
+            f"NODE_NAME {node_name!r} is not a Kubernetes node name (a DNS subdomain: "
+            "lower-case letters, digits, '-' and '.', at most 253 characters): set it from "
+            "the downward API (valueFrom.fieldRef.fieldPath: spec.nodeName), as the "
+            "elastic-job chart does"
         )
     output = environ.get("TOPOLOGY_OUTPUT", "") or str(DEFAULT_OUTPUT)
     return Config(
