@@ -11,7 +11,7 @@ sh. If the chart and the image drift apart (names, paths, env, RBAC fix text), t
 
 The pod's user must not need the checkout (a clone may sit under a directory only its
 owner can enter: /root, `mktemp -d`). So the program runs from an image-like install made
-per session: a venv of its own holding a copy of the package and exactly the distributions
+once per test module: a venv of its own holding a copy of the package and exactly the distributions
 images/init-topology/requirements.txt pins (copied from this venv), with the console script
 pyproject.toml declares. It is bind-mounted at IMAGE_ROOT inside the namespace, so no
 directory on the way to the copy has to be open to others either.
@@ -76,18 +76,21 @@ for target in "$sa_at" "$inject_at" "$image_at"; do
   esac
   mkdir -p "$target"
 done
-if [ "$locked" != - ]; then
-  mkdir "$scratch/interpreter"
-  mount --bind "$prefix" "$scratch/interpreter"
-  mount -t tmpfs -o mode=0755 tmpfs "$locked"
-  mkdir -p "$prefix"
-  mount --move "$scratch/interpreter" "$prefix"
-fi
 mount --bind "$sa" "$sa_at"
 mount -o remount,bind,ro "$sa_at"
 mount --bind "$inject" "$inject_at"
 mount --bind "$image" "$image_at"
 mount -o remount,bind,ro "$image_at"
+# After the binds: the test's temp dir may itself be under the locked directory. The
+# interpreter waits on a mountpoint outside it while the tmpfs goes over it.
+if [ "$locked" != - ]; then
+  held=$image_at.interpreter
+  mkdir "$held"
+  mount --bind "$prefix" "$held"
+  mount -t tmpfs -o mode=0755 tmpfs "$locked"
+  mkdir -p "$prefix"
+  mount --move "$held" "$prefix"
+fi
 if [ "$readonly_root" = true ]; then
   mount -o remount,bind,ro /
   for top in $overlaid; do mount -o remount,ro "$top"; done
