@@ -45,6 +45,20 @@ EXPECTED: dict[str, dict[str, str]] = {
         "NODE_TOPOLOGY_SOURCE": "api",
         "NCCL_IB_DISABLE": "1",
     },
+    # A3 Ultra: CX-7 RoCE NICs, attached as GKE multi-networks rdma-0 .. rdma-7.
+    "gke-a3-ultra-h200-rdma": {
+        "NODE_NAME": "gke-train-a3u-pool-2d7e9f10-q4mz",
+        "NODE_PROVIDER": "gce",
+        "NODE_REGION": "europe-west1",
+        "NODE_ZONE": "europe-west1-b",
+        "NODE_INSTANCE_TYPE": "a3-ultragpu-8g",
+        "NODE_GPU_MODEL": "nvidia-h200-141gb",
+        "NODE_GPU_COUNT": "8",
+        "NODE_CAPACITY_TYPE": "on-demand",
+        "NODE_FABRIC": "roce",
+        "NODE_TOPOLOGY_SOURCE": "api",
+        "NCCL_IB_DISABLE": "0",
+    },
     "eks-p5-efa-karpenter-spot": {
         "NODE_NAME": "ip-10-0-142-23.ec2.internal",
         "NODE_PROVIDER": "aws",
