@@ -61,6 +61,7 @@ pytestmark = pytest.mark.skipif(
 # interpreter's prefix: the image has its Python in /usr/local.
 MOUNT_AND_EXEC = r"""
 set -eu
+umask 022  # directories made here are the kubelet's and the image's: 0755 whatever ours is
 sa=$1 sa_at=$2 inject=$3 inject_at=$4 image=$5 image_at=$6 readonly_root=$7 uid=$8 gid=$9
 groups=${10} locked=${11} prefix=${12} scratch=${13}
 shift 13
@@ -71,6 +72,9 @@ for target in "$sa_at" "$inject_at" "$image_at"; do
   case " $overlaid " in *" $top "*) ;; *)
     up=$scratch/upper$top work=$scratch/work$top
     mkdir -p "$up" "$work"
+    # The overlay's root takes the upper layer's mode and owner: keep the real one's.
+    chmod --reference="$top" "$up"
+    chown --reference="$top" "$up"
     mount -t overlay overlay -o "lowerdir=$top,upperdir=$up,workdir=$work" "$top"
     overlaid="$overlaid $top" ;;
   esac
@@ -269,6 +273,8 @@ def run_init_container(
         serviceaccount=spec.get("serviceAccountName", "default"),
     )
     with api:
+        # The kubelet's token volume is open to the pod's user whatever our umask is.
+        api.serviceaccount_dir.chmod(0o755)
         if fault:
             api.set_fault(r"^/api/v1/nodes/", fault)
         # What the kubelet and the image add: the kubernetes Service (always, whatever
