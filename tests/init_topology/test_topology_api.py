@@ -7,6 +7,7 @@ No conftest.py in this directory: tests/ has no __init__.py, so a second module 
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from test_topology_mapping import EXPECTED
 from topology_helpers import BIN, INIT_TOPOLOGY, Run, read_env_file
 
-from localrun.apiserver import FakeApiServer, load_nodes
+from localrun.apiserver import NODES_DIR, FakeApiServer, load_nodes
 
 RunInit = Callable[..., Run]
 
@@ -30,10 +31,19 @@ DEGRADED = {
 }
 
 
+#: Every Node fixture, including those no local-run profile names.
+ALL_FIXTURES = sorted(path.stem for path in NODES_DIR.glob("*.json"))
+
+
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[FakeApiServer]:
-    with FakeApiServer(load_nodes("all"), workdir=tmp_path / "api", hang_seconds=60) as server:
+    nodes = load_nodes(ALL_FIXTURES)
+    with FakeApiServer(nodes, workdir=tmp_path / "api", hang_seconds=60) as server:
         yield server
+
+
+def test_every_node_fixture_has_its_expected_file() -> None:
+    assert sorted(EXPECTED) == ALL_FIXTURES
 
 
 @pytest.fixture
@@ -265,9 +275,10 @@ def test_without_a_token_it_degrades_and_says_how_to_mount_one(
         ({"TOPOLOGY_LABEL_MAP": '["NODE_X"]'}, "must be a JSON object"),
         (
             {"TOPOLOGY_LABEL_MAP": '{"node-rack": ["a"]}'},
-            "'node-rack' is not a valid variable name",
+            '"node-rack" is not allowed: a variable name must match',
         ),
-        ({"TOPOLOGY_LABEL_MAP": '{"PATH": ["a"]}'}, "PATH is reserved"),
+        ({"TOPOLOGY_LABEL_MAP": '{"PATH": ["a"]}'}, "PATH is not allowed"),
+        ({"TOPOLOGY_LABEL_MAP": '{"BASH_ENV": ["a"]}'}, "BASH_ENV is not allowed"),
         (
             {"TOPOLOGY_LABEL_MAP": '{"NODE_RACK": "a"}'},
             "must map to a non-empty list of label keys",
@@ -311,3 +322,104 @@ def test_a_hostile_label_value_survives_json_the_file_and_sh(
     assert run.returncode == 0, run.stderr
     assert read_env_file(run.output)["NODE_EVIL"] == value
     assert not marker.exists()
+
+
+def test_label_bytes_are_escaped_in_the_log_and_exact_in_the_file(
+    run_init: RunInit, api: FakeApiServer
+) -> None:
+    """A newline must not split the summary line, nor an escape sequence reach the terminal;
+    the env file still holds the label's bytes."""
+    model = "H100\ninit-topology: error: forged\x1b[2J\x1b]0;title\x07\x9b31m\u202eok\u2028"
+    zone = 'zone a "b" \\c'
+    labels = api.nodes[NODE]["metadata"]["labels"]
+    labels["nvidia.com/gpu.product"] = model
+    labels["topology.kubernetes.io/zone"] = zone
+    run = run_init(NODE)
+    assert_clean(run)
+    assert run.returncode == 0, run.stderr
+    [line] = run.lines
+    assert line.isprintable()
+    # JSON-quoted (so a space or quote cannot blur the key=value list), then what JSON
+    # leaves raw (C1, bidi, line separator) escaped by the formatter.
+    expected = (
+        r'"H100\ninit-topology: error: forged\u001b[2J\u001b]0;title\u0007\x9b31m\u202eok\u2028"'
+    )
+    assert f"gpu_model={expected} " in line
+    assert f"zone={json.dumps(zone)} " in line
+    got = read_env_file(run.output)
+    assert (got["NODE_GPU_MODEL"], got["NODE_ZONE"]) == (model, zone)
+
+
+@pytest.mark.parametrize(
+    "node_name",
+    ["gone\x1b[2J\ninit-topology: info: forged", "Upper.Case", "a_b", "x" * 254, "-a", "a..b"],
+)
+def test_a_node_name_no_node_can_have_is_refused_in_one_printable_line(
+    node_name: str, run_init: RunInit, api: FakeApiServer
+) -> None:
+    """Refused before any request (the downward API only ever gives a DNS subdomain), and
+    whatever it holds, the message stays one line and sends no escape to the terminal."""
+    run = run_init(node_name)
+    assert_clean(run)
+    assert run.returncode == 2
+    [line] = run.lines
+    assert line.isprintable()
+    assert f"init-topology: error: NODE_NAME {node_name!r} is not a Kubernetes node name" in line
+    assert "spec.nodeName" in line
+    assert api.requests == []
+
+
+def test_a_node_name_that_is_not_utf8_is_refused_not_a_traceback(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """Python reads undecodable environment bytes as lone surrogates, which neither the
+    client's URL quoting nor stderr can encode: they reached a traceback, exit 1."""
+    output = tmp_path / "env"
+    env = {
+        b"PATH": f"{BIN}:/usr/bin:/bin".encode(),
+        b"NODE_NAME": b"gone-\xff",
+        b"TOPOLOGY_OUTPUT": str(output).encode(),
+        b"TOPOLOGY_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir).encode(),
+        **{k.encode(): v.encode() for k, v in api.env().items()},
+    }
+    done = subprocess.run(
+        [str(INIT_TOPOLOGY)], env=env, capture_output=True, timeout=120, check=False
+    )
+    stderr = done.stderr.decode("utf-8")
+    assert done.returncode == 2, stderr
+    assert "Logging error" not in stderr and "Traceback" not in stderr
+    assert stderr.startswith("init-topology: error: NODE_NAME 'gone-\\udcff' is not")
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("spec",), None),
+        (("status",), None),
+        (("metadata",), None),
+        (("metadata", "labels"), ["nvidia.com/gpu.product=H100"]),
+        (("metadata", "labels"), "zone=a"),
+        (("metadata", "labels", "topology.kubernetes.io/zone"), 7),
+        (("metadata", "annotations"), 3),
+        (("status", "allocatable"), [8]),
+        (("status", "capacity"), "lots"),
+        (("status", "allocatable", "nvidia.com/gpu"), {"n": 8}),
+        (("spec", "providerID"), ["aws:///x"]),
+    ],
+)
+def test_a_malformed_node_degrades_as_one_without_those_fields(
+    path: tuple[str, ...], value: object, run_init: RunInit, api: FakeApiServer
+) -> None:
+    node = api.nodes["aks-ndh100-26783410-vmss000003"]
+    *parents, last = path
+    target = node
+    for key in parents:
+        target = target[key]
+    target[last] = value
+    run = run_init("aks-ndh100-26783410-vmss000003")
+    assert_clean(run)
+    assert run.returncode == 0, run.stderr
+    assert [line.split(": ")[1] for line in run.lines] == ["info"], run.stderr
+    got = read_env_file(run.output)
+    assert got["NODE_NAME"] == "aks-ndh100-26783410-vmss000003"
+    assert got["NODE_TOPOLOGY_SOURCE"] == "api"

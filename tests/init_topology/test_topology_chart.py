@@ -8,10 +8,18 @@ read-only at /var/run/secrets/kubernetes.io/serviceaccount and the `inject` empt
 mountPath, inside a private mount namespace (`unshare --mount`), as the pod's user, with a
 read-only root filesystem when the container asks for one. Then the file is sourced with
 sh. If the chart and the image drift apart (names, paths, env, RBAC fix text), this fails.
+
+The pod's user must not need the checkout (a clone may sit under a directory only its
+owner can enter: /root, `mktemp -d`). So the program runs from an image-like install made
+once per test module: a venv of its own holding a copy of the package and exactly the distributions
+images/init-topology/requirements.txt pins (copied from this venv), with the console script
+pyproject.toml declares. It is bind-mounted at IMAGE_ROOT inside the namespace, so no
+directory on the way to the copy has to be open to others either.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -19,13 +27,16 @@ import shutil
 import stat
 import subprocess
 import sys
+import sysconfig
+import venv
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 import yaml
 from test_topology_mapping import EXPECTED
-from topology_helpers import BIN, read_env_file
+from topology_helpers import read_env_file
 
 from localrun.apiserver import SERVICEACCOUNT_MOUNT, FakeApiServer, load_nodes
 
@@ -39,47 +50,116 @@ pytestmark = pytest.mark.skipif(
 )
 
 # Runs inside `unshare --mount --propagation private`: mounts as the kubelet does, then
-# drops to the pod's user and execs the container's command with exactly its env.
+# drops to the pod's user and execs the container's command with exactly its env, from the
+# image's WORKDIR (/).
 #
 # Mount targets are never created on the host (the local runner's tests mount at the same
-# paths at the same time): the top directory of each (/etc, /run) is covered, in this
+# paths at the same time): the top directory of each (/etc, /run, /usr) is covered, in this
 # namespace only, by an overlay whose upper layer is a tmpfs, and the target made there.
 # Where this machine's interpreter lives in a directory the pod's user cannot enter (pyenv
 # under /root), that directory is likewise replaced by a tmpfs holding just the
 # interpreter's prefix: the image has its Python in /usr/local.
 MOUNT_AND_EXEC = r"""
 set -eu
-sa=$1 sa_at=$2 inject=$3 inject_at=$4 readonly_root=$5 uid=$6 gid=$7 groups=$8
-locked=$9 prefix=${10} scratch=${11}
-shift 11
+umask 022  # directories made here are the kubelet's and the image's: 0755 whatever ours is
+sa=$1 sa_at=$2 inject=$3 inject_at=$4 image=$5 image_at=$6 readonly_root=$7 uid=$8 gid=$9
+groups=${10} locked=${11} prefix=${12} scratch=${13}
+shift 13
 mount -t tmpfs -o mode=0700 tmpfs "$scratch"
 overlaid=
-for target in "$sa_at" "$inject_at"; do
+for target in "$sa_at" "$inject_at" "$image_at"; do
   top=/$(printf %s "$target" | cut -d/ -f2)
   case " $overlaid " in *" $top "*) ;; *)
     up=$scratch/upper$top work=$scratch/work$top
     mkdir -p "$up" "$work"
+    # The overlay's root takes the upper layer's mode and owner: keep the real one's.
+    chmod --reference="$top" "$up"
+    chown --reference="$top" "$up"
     mount -t overlay overlay -o "lowerdir=$top,upperdir=$up,workdir=$work" "$top"
     overlaid="$overlaid $top" ;;
   esac
   mkdir -p "$target"
 done
-if [ "$locked" != - ]; then
-  mkdir "$scratch/interpreter"
-  mount --bind "$prefix" "$scratch/interpreter"
-  mount -t tmpfs -o mode=0755 tmpfs "$locked"
-  mkdir -p "$prefix"
-  mount --move "$scratch/interpreter" "$prefix"
-fi
 mount --bind "$sa" "$sa_at"
 mount -o remount,bind,ro "$sa_at"
 mount --bind "$inject" "$inject_at"
+mount --bind "$image" "$image_at"
+mount -o remount,bind,ro "$image_at"
+# After the binds: the test's temp dir may itself be under the locked directory. The
+# interpreter waits on a mountpoint outside it while the tmpfs goes over it.
+if [ "$locked" != - ]; then
+  held=$image_at.interpreter
+  mkdir "$held"
+  mount --bind "$prefix" "$held"
+  mount -t tmpfs -o mode=0755 tmpfs "$locked"
+  mkdir -p "$prefix"
+  mount --move "$held" "$prefix"
+fi
 if [ "$readonly_root" = true ]; then
   mount -o remount,bind,ro /
   for top in $overlaid; do mount -o remount,ro "$top"; done
 fi
+cd /
 exec setpriv --reuid="$uid" --regid="$gid" --groups="$groups" --no-new-privs -- "$@"
 """
+
+#: Where the image-like install is mounted in the namespace (as the image's /usr/local).
+IMAGE_ROOT = Path("/usr/local/lib/init-topology-image")
+PACKAGE = Path(__file__).resolve().parents[2] / "images" / "init-topology"
+
+# pip's console-script template: what `pip install` writes into the image's bin/.
+CONSOLE_SCRIPT = """#!{python}
+# -*- coding: utf-8 -*-
+import re
+import sys
+from {module} import {attr}
+if __name__ == "__main__":
+    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
+    sys.exit({attr}())
+"""
+
+
+def install_image(dest: Path) -> Path:
+    """An install of init-topology as the image has it, in a venv at `dest` whose scripts
+    expect to be mounted at IMAGE_ROOT; every file readable by any user."""
+    venv.EnvBuilder(symlinks=True, with_pip=False).create(dest)
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(dest), "platbase": str(dest)}))
+    for line in (PACKAGE / "requirements.txt").read_text().splitlines():
+        requirement = line.split("#", 1)[0].strip()
+        if not requirement:
+            continue
+        name, _, version = requirement.partition("==")
+        dist = importlib.metadata.distribution(name)
+        assert dist.version == version, f"this venv has {name} {dist.version}, the image {version}"
+        for file in dist.files or []:
+            if file.parts[0] == "..":  # scripts outside site-packages: not imported
+                continue
+            target = site / file
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(Path(str(dist.locate_file(file))), target)
+    shutil.copytree(
+        PACKAGE / "src" / "init_topology",
+        site / "init_topology",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    scripts = tomllib.loads((PACKAGE / "pyproject.toml").read_text())["project"]["scripts"]
+    for script, entry in scripts.items():
+        module, _, attr = entry.partition(":")
+        path = dest / "bin" / script
+        path.write_text(
+            CONSOLE_SCRIPT.format(python=IMAGE_ROOT / "bin" / "python", module=module, attr=attr)
+        )
+    # An image's files are world-readable whatever this user's umask made of the copies.
+    for path in [dest, *dest.rglob("*")]:
+        if not path.is_symlink():
+            executable = path.is_dir() or path.parent.name == "bin" or os.access(path, os.X_OK)
+            path.chmod(0o755 if executable else 0o644)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return install_image(tmp_path_factory.mktemp("init-topology") / "image")
 
 
 def locked_interpreter_dir() -> tuple[str, str]:
@@ -150,7 +230,12 @@ def resolve_env(
 
 
 def run_init_container(
-    helm: Path, repo_root: Path, tmp_path: Path, *helm_args: str, fault: int | None = None
+    helm: Path,
+    repo_root: Path,
+    tmp_path: Path,
+    image: Path,
+    *helm_args: str,
+    fault: int | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], Path, dict[str, Any], dict[str, str]]:
     docs = render(helm, repo_root, *helm_args)
     sts = worker_statefulset(docs)
@@ -188,30 +273,33 @@ def run_init_container(
         serviceaccount=spec.get("serviceAccountName", "default"),
     )
     with api:
+        # The kubelet's token volume is open to the pod's user whatever our umask is.
+        api.serviceaccount_dir.chmod(0o755)
         if fault:
             api.set_fault(r"^/api/v1/nodes/", fault)
         # What the kubelet and the image add: the kubernetes Service (always, whatever
         # enableServiceLinks says), HOSTNAME, HOME for a user without a passwd entry, and
-        # the image's PATH (here: the venv where the package is installed).
+        # the image's PATH (here: the image-like install's bin first).
         container_env = {
-            "PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": f"{IMAGE_ROOT / 'bin'}:/usr/local/bin:/usr/bin:/bin",
             "HOSTNAME": pod_name,
             "HOME": "/",
             **api.env(),
             **env,
         }
         command = [*init["command"], *(init.get("args") or [])]
-        resolved = shutil.which(command[0], path=container_env["PATH"])
-        assert resolved, f"{command[0]} is not on the image's PATH"
+        # `env` looks the command up on the container's PATH, inside the namespace.
+        assert shutil.which(command[0], path=image / "bin"), f"{command[0]} is not in the image"
         argv = [
             "unshare", "--mount", "--propagation", "private",
             "sh", "-c", MOUNT_AND_EXEC, "sh",
             str(api.serviceaccount_dir), str(SERVICEACCOUNT_MOUNT.resolve()),
             str(inject), str(Path(mount["mountPath"]).resolve()),
+            str(image), str(IMAGE_ROOT),
             "true" if readonly_root else "false", str(uid), str(gid), groups,
             *locked_interpreter_dir(), str(scratch),
             "env", "-i", *(f"{k}={v}" for k, v in container_env.items()),
-            resolved, *command[1:],
+            *command,
         ]  # fmt: skip
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     output = inject / Path(env["TOPOLOGY_OUTPUT"]).relative_to(mount["mountPath"])
@@ -219,9 +307,9 @@ def run_init_container(
 
 
 def test_rendered_init_container_writes_the_file_the_worker_reads(
-    helm: Path, repo_root: Path, tmp_path: Path
+    helm: Path, repo_root: Path, tmp_path: Path, image: Path
 ) -> None:
-    done, output, sts, env = run_init_container(helm, repo_root, tmp_path)
+    done, output, sts, env = run_init_container(helm, repo_root, tmp_path, image)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert [line.split(": ")[1] for line in done.stderr.splitlines()] == ["info"], done.stderr
@@ -243,10 +331,10 @@ def test_rendered_init_container_writes_the_file_the_worker_reads(
 
 
 def test_worker_env_set_by_the_user_gets_no_default(
-    helm: Path, repo_root: Path, tmp_path: Path
+    helm: Path, repo_root: Path, tmp_path: Path, image: Path
 ) -> None:
     done, output, _, env = run_init_container(
-        helm, repo_root, tmp_path, "--set-json", 'worker.env={"NCCL_IB_DISABLE":"0","X":"y"}'
+        helm, repo_root, tmp_path, image, "--set-json", 'worker.env={"NCCL_IB_DISABLE":"0","X":"y"}'
     )
     assert done.returncode == 0, done.stderr
     assert set(env["TOPOLOGY_USER_ENV"].split(",")) == {"NCCL_IB_DISABLE", "X"}
@@ -254,10 +342,10 @@ def test_worker_env_set_by_the_user_gets_no_default(
 
 
 def test_strict_chart_value_fails_the_init_container_on_403(
-    helm: Path, repo_root: Path, tmp_path: Path
+    helm: Path, repo_root: Path, tmp_path: Path, image: Path
 ) -> None:
     done, output, _, env = run_init_container(
-        helm, repo_root, tmp_path, "--set", "topology.strict=true", fault=403
+        helm, repo_root, tmp_path, image, "--set", "topology.strict=true", fault=403
     )
     assert env["TOPOLOGY_STRICT"] == "true"
     assert done.returncode == 3
@@ -267,14 +355,14 @@ def test_strict_chart_value_fails_the_init_container_on_403(
 
 
 def test_label_map_from_values_reaches_the_file(
-    helm: Path, repo_root: Path, tmp_path: Path
+    helm: Path, repo_root: Path, tmp_path: Path, image: Path
 ) -> None:
     label_map = {
         "NODE_POOL": ["karpenter.sh/nodepool"],
         "NODE_ZONE": ["topology.kubernetes.io/zone"],
     }
     done, output, _, env = run_init_container(
-        helm, repo_root, tmp_path, "--set-json", f"topology.labelMap={json.dumps(label_map)}"
+        helm, repo_root, tmp_path, image, "--set-json", f"topology.labelMap={json.dumps(label_map)}"
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(env["TOPOLOGY_LABEL_MAP"])["NODE_POOL"] == ["karpenter.sh/nodepool"]

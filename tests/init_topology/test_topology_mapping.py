@@ -45,6 +45,20 @@ EXPECTED: dict[str, dict[str, str]] = {
         "NODE_TOPOLOGY_SOURCE": "api",
         "NCCL_IB_DISABLE": "1",
     },
+    # A3 Ultra: CX-7 RoCE NICs, attached as GKE multi-networks rdma-0 .. rdma-7.
+    "gke-a3-ultra-h200-rdma": {
+        "NODE_NAME": "gke-train-a3u-pool-2d7e9f10-q4mz",
+        "NODE_PROVIDER": "gce",
+        "NODE_REGION": "europe-west1",
+        "NODE_ZONE": "europe-west1-b",
+        "NODE_INSTANCE_TYPE": "a3-ultragpu-8g",
+        "NODE_GPU_MODEL": "nvidia-h200-141gb",
+        "NODE_GPU_COUNT": "8",
+        "NODE_CAPACITY_TYPE": "on-demand",
+        "NODE_FABRIC": "roce",
+        "NODE_TOPOLOGY_SOURCE": "api",
+        "NCCL_IB_DISABLE": "0",
+    },
     "eks-p5-efa-karpenter-spot": {
         "NODE_NAME": "ip-10-0-142-23.ec2.internal",
         "NODE_PROVIDER": "aws",
@@ -94,9 +108,39 @@ EXPECTED: dict[str, dict[str, str]] = {
         "NODE_GPU_MODEL": "",
         "NODE_GPU_COUNT": "0",
         "NODE_CAPACITY_TYPE": "unknown",
-        "NODE_FABRIC": "ethernet",
+        # Nothing says there is no InfiniBand or RoCE: no NCCL_IB_DISABLE=1 guessed.
+        "NODE_FABRIC": "unknown",
         "NODE_TOPOLOGY_SOURCE": "api",
-        "NCCL_IB_DISABLE": "1",
+    },
+    # Issue 9: the Network Operator in host-device mode (nvidia.com/hostdev), no NFD rdma
+    # labels. Was ethernet + NCCL_IB_DISABLE=1; the size's `r` (isr) says InfiniBand.
+    "aks-nd-h100-v5-hostdev": {
+        "NODE_NAME": "aks-ndh100hd-41907532-vmss000001",
+        "NODE_PROVIDER": "azure",
+        "NODE_REGION": "eastus",
+        "NODE_ZONE": "eastus-2",
+        "NODE_INSTANCE_TYPE": "Standard_ND96isr_H100_v5",
+        "NODE_GPU_MODEL": "NVIDIA-H100-80GB-HBM3",
+        "NODE_GPU_COUNT": "8",
+        "NODE_CAPACITY_TYPE": "on-demand",
+        "NODE_FABRIC": "infiniband",
+        "NODE_TOPOLOGY_SOURCE": "api",
+        "NCCL_IB_DISABLE": "0",
+    },
+    # OKE: spec.providerID is the bare instance OCID; NFD sees the ConnectX NICs; OCI's
+    # RDMA cluster networks are RoCE v2.
+    "oke-bm-gpu-h100-rdma": {
+        "NODE_NAME": "10.140.48.77",
+        "NODE_PROVIDER": "oci",
+        "NODE_REGION": "iad",
+        "NODE_ZONE": "US-ASHBURN-AD-2",
+        "NODE_INSTANCE_TYPE": "BM.GPU.H100.8",
+        "NODE_GPU_MODEL": "NVIDIA-H100-80GB-HBM3",
+        "NODE_GPU_COUNT": "8",
+        "NODE_CAPACITY_TYPE": "unknown",
+        "NODE_FABRIC": "roce",
+        "NODE_TOPOLOGY_SOURCE": "api",
+        "NCCL_IB_DISABLE": "0",
     },
 }
 
@@ -111,9 +155,9 @@ def _local(name: str, zone: str, capacity: str, itype: str = "c-4x-amd64-linux")
         "NODE_GPU_MODEL": "",
         "NODE_GPU_COUNT": "0",
         "NODE_CAPACITY_TYPE": capacity,
-        "NODE_FABRIC": "ethernet",
+        # kind says nothing of the host's NICs.
+        "NODE_FABRIC": "unknown",
         "NODE_TOPOLOGY_SOURCE": "api",
-        "NCCL_IB_DISABLE": "1",
     }
 
 
@@ -188,6 +232,9 @@ def test_without_a_node_only_the_name_and_unknowns_are_written() -> None:
         ("kind://docker/kind/kind-worker", "kind"),
         ("openstack:///8c2d4f1e", "openstack"),
         ("oci://ocid1.instance.oc1.phx.x", "oci"),
+        # OKE's default: the bare instance OCID.
+        ("ocid1.instance.oc1.iad.anuwcljtc3n7s2yc4xdqxq6jzbi5k3r2xw4uv5f6g7h8i9j0k", "oci"),
+        ("ocid1.compartment.oc1..aaaa", ""),
         ("", ""),
         ("not-a-provider-id", ""),
     ],
@@ -221,27 +268,95 @@ def test_capacity_type_from_each_provisioners_labels(labels: dict[str, str], exp
     assert capacity_type(labels) == expected
 
 
+NFD_RDMA = {"feature.node.kubernetes.io/rdma.available": "true"}
+MELLANOX = {"feature.node.kubernetes.io/pci-15b3.present": "true"}
+
+
 @pytest.mark.parametrize(
-    ("allocatable", "labels", "node_provider", "expected"),
+    ("allocatable", "labels", "node_provider", "instance_type", "expected"),
     [
-        ({"vpc.amazonaws.com/efa": "4"}, {}, "aws", "efa"),
-        ({"vpc.amazonaws.com/efa": "0"}, {}, "aws", "ethernet"),
-        ({"rdma/ib": "1"}, {}, "", "infiniband"),
-        ({"nvidia.com/mlnx_ib_sriov": "8"}, {}, "", "infiniband"),
-        ({"rdma/roce_gdr": "8"}, {}, "", "roce"),
-        ({"nvidia.com/sriov_roce": "8"}, {}, "", "roce"),
-        ({"rdma/hca_shared_devices_a": "63"}, {}, "azure", "infiniband"),
-        ({"networking.gke.io.networks/rdma-0": "1"}, {}, "gce", "roce"),
-        ({"rdma/rdma_shared_device_a": "1000"}, {}, "", "unknown"),
-        ({}, {"feature.node.kubernetes.io/rdma.available": "true"}, "", "unknown"),
-        ({"rdma/ib": "0"}, {}, "", "ethernet"),
-        ({"example.com/lib": "1", "nvidia.com/gpu": "8"}, {}, "", "ethernet"),
+        # EFA.
+        ({"vpc.amazonaws.com/efa": "4"}, {}, "aws", "p5.48xlarge", "efa"),
+        ({"vpc.amazonaws.com/efa": "0"}, {}, "aws", "p5.48xlarge", "ethernet"),
+        # EC2 has no InfiniBand or RoCE; EFA without its plugin loads ib_uverbs (NFD hint).
+        ({}, NFD_RDMA, "aws", "g6.12xlarge", "ethernet"),
+        # RDMA device resources whose names tell the link layer.
+        ({"rdma/ib": "1"}, {}, "", "", "infiniband"),
+        ({"nvidia.com/mlnx_ib_sriov": "8"}, {}, "", "", "infiniband"),
+        ({"rdma/roce_gdr": "8"}, {}, "", "", "roce"),
+        ({"nvidia.com/sriov_roce": "8"}, {}, "", "", "roce"),
+        ({"rdma/rdma_shared_device_eth": "63"}, {}, "", "", "roce"),
+        (
+            {"rdma/rdma_shared_device_ib": "1k"},
+            {},
+            "",
+            "",
+            "infiniband",
+        ),  # 1000, as the API writes it
+        # Azure: RDMA sizes carry `r` and their RDMA is InfiniBand, however it is exposed.
+        ({"nvidia.com/hostdev": "8"}, {}, "azure", "Standard_ND96isr_H100_v5", "infiniband"),
+        ({"nvidia.com/hostdev": "8"}, MELLANOX, "azure", "", "infiniband"),
+        ({}, {}, "azure", "Standard_ND96isr_H100_v5", "infiniband"),
+        ({}, {}, "azure", "Standard_HB120-96rs_v3", "infiniband"),
+        ({"rdma/hca_shared_devices_a": "63"}, {}, "azure", "", "infiniband"),
+        # ... a size without it has none; its accelerated-networking VF is a Mellanox NIC.
+        ({}, {**MELLANOX, **NFD_RDMA}, "azure", "Standard_NC24ads_A100_v4", "ethernet"),
+        ({"openshift.io/mlnxnics": "4"}, {}, "azure", "Standard_NC24ads_A100_v4", "unknown"),
+        ({}, {}, "azure", "not-a-size", "unknown"),
+        # GCE: RoCE on A3 Ultra / A4 / A4X (also with DRANET: no resource on the Node).
+        ({}, {}, "gce", "a3-ultragpu-8g", "roce"),
+        ({}, {}, "gce", "a4-highgpu-8g", "roce"),
+        ({}, {}, "gce", "a4x-maxgpu-4g-metal", "roce"),
+        ({"networking.gke.io.networks/rdma-0": "1"}, {}, "gce", "", "roce"),
+        ({}, {}, "gce", "a3-highgpu-8g", "ethernet"),  # GPUDirect-TCPX: TCP over ethernet
+        ({}, {}, "gce", "h4d-highmem-192", "unknown"),  # Cloud RDMA: neither IB nor RoCE
+        ({"networking.gke.io.networks/rdma-0": "1"}, {}, "gce", "a3-highgpu-8g", "unknown"),
+        ({}, {}, "gce", "", "unknown"),
+        # OCI: RDMA is RoCE.
+        ({"nvidia.com/rdma_sriov": "16"}, {}, "oci", "BM.GPU.A100-v2.8", "roce"),
+        ({}, NFD_RDMA, "oci", "BM.GPU.H100.8", "roce"),
+        # The NVIDIA Network Operator's host-device and SR-IOV resources, NFD, nothing:
+        # RDMA of an unknown link layer, or nothing known. Never ethernet.
+        ({"nvidia.com/hostdev": "8"}, {}, "", "", "unknown"),
+        ({"nvidia.com/mlnxnics": "8"}, {}, "", "", "unknown"),
+        ({"openshift.io/mlxnics": "8"}, {}, "", "", "unknown"),
+        ({"rdma/rdma_shared_device_a": "1000"}, {}, "", "", "unknown"),
+        ({}, NFD_RDMA, "", "", "unknown"),
+        ({}, MELLANOX, "", "", "unknown"),
+        ({}, {"feature.node.kubernetes.io/custom-rdma.capable": "true"}, "", "", "unknown"),
+        ({}, {"network.nvidia.com/operator.mofed.wait": "false"}, "kind", "", "unknown"),
+        ({"rdma/ib": "0"}, {}, "", "", "unknown"),
+        ({"example.com/lib": "1", "nvidia.com/gpu": "8"}, {}, "", "", "unknown"),
+        ({}, {}, "", "", "unknown"),
+        ({}, {}, "kind", "c-4x-amd64-linux", "unknown"),
     ],
 )
 def test_fabric_from_resources_labels_and_provider(
-    allocatable: dict[str, str], labels: dict[str, str], node_provider: str, expected: str
+    allocatable: dict[str, str],
+    labels: dict[str, str],
+    node_provider: str,
+    instance_type: str,
+    expected: str,
 ) -> None:
-    assert fabric(labels, allocatable, node_provider) == expected
+    assert fabric(labels, allocatable, node_provider, instance_type) == expected
+
+
+@pytest.mark.parametrize(
+    ("allocatable", "labels", "node_provider", "instance_type"),
+    [
+        ({"nvidia.com/hostdev": "8"}, MELLANOX, "", ""),
+        ({"openshift.io/mlnxnics": "8"}, {}, "aws", "p4d.24xlarge"),
+        ({"rdma/rdma_shared_device_a": "1k"}, {}, "gce", "n2-standard-8"),
+        ({}, NFD_RDMA, "", ""),
+        ({}, {}, "", ""),
+    ],
+)
+def test_ib_is_never_disabled_without_positive_knowledge(
+    allocatable: dict[str, str], labels: dict[str, str], node_provider: str, instance_type: str
+) -> None:
+    """NCCL_IB_DISABLE=1 switches InfiniBand off: only where the node is known to lack it."""
+    node_fabric = fabric(labels, allocatable, node_provider, instance_type)
+    assert nccl_defaults(node_fabric, instance_type).get("NCCL_IB_DISABLE") != "1"
 
 
 def test_gpu_count_prefers_allocatable_then_discovery_labels() -> None:

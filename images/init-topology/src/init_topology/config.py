@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-from init_topology.envfile import valid_key
 
 #: Where the kubelet mounts the pod's service-account token, CA and namespace.
 SERVICEACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -21,27 +20,37 @@ DEFAULT_OUTPUT = Path("/etc/inject/env")
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_TIMEOUT_SECONDS = 600.0
 
-#: Names a label map may not write: they change how a shell or the dynamic loader behaves
-#: for whoever sources the file.
-RESERVED_NAMES = frozenset(
-    {
-        "ENV",
-        "HOME",
-        "IFS",
-        "LD_AUDIT",
-        "LD_LIBRARY_PATH",
-        "LD_PRELOAD",
-        "OPTIND",
-        "PATH",
-        "PS1",
-        "PS2",
-        "PS4",
-        "PWD",
-        "PYTHONHOME",
-        "PYTHONPATH",
-        "PYTHONSTARTUP",
-        "SHELL",
-    }
+# Which variables a label map may write (TOPOLOGY_LABEL_MAP, values: topology.labelMap): a
+# rule, not a list, since the names that change a shell's, an interpreter's or the loader's
+# behaviour (BASH_ENV, PYTHONSTARTUP, LD_*, ...) cannot be listed exhaustively. The chart's
+# values.schema.json states the same rule; a test checks they agree.
+#: Whole-name syntax.
+LABEL_MAP_NAME_PATTERN = r"^[A-Z][A-Z0-9_]*$"
+#: A name starts with one of these: the families a node's fabric is tuned by.
+LABEL_MAP_PREFIXES = ("NODE_", "NCCL_", "GLOO_", "FI_", "UCX_")
+#: ... and contains none of these anywhere: they load code or change where it is loaded from
+#: (NCCL_NET_PLUGIN, NCCL_TUNER_PLUGIN, FI_PROVIDER_PATH, LD_LIBRARY_PATH, LD_PRELOAD).
+LABEL_MAP_FORBIDDEN_WORDS = ("PLUGIN", "PATH", "LIB", "PRELOAD")
+LABEL_MAP_RULE = (
+    f"a variable name must match {LABEL_MAP_NAME_PATTERN}, start with "
+    f"{', '.join(LABEL_MAP_PREFIXES[:-1])} or {LABEL_MAP_PREFIXES[-1]}, and not contain "
+    f"{', '.join(LABEL_MAP_FORBIDDEN_WORDS[:-1])} or {LABEL_MAP_FORBIDDEN_WORDS[-1]}"
+)
+_LABEL_MAP_NAME = re.compile(LABEL_MAP_NAME_PATTERN.removesuffix("$") + r"\Z")
+
+
+def label_map_name_allowed(name: str) -> bool:
+    """Whether a label map may write the variable `name` (the rule above)."""
+    return (
+        _LABEL_MAP_NAME.match(name) is not None
+        and name.startswith(LABEL_MAP_PREFIXES)
+        and not any(word in name for word in LABEL_MAP_FORBIDDEN_WORDS)
+    )
+
+
+#: A Node's name is a DNS subdomain (RFC 1123), as the API server validates it.
+_NODE_NAME = re.compile(
+    r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
 )
 
 LabelMap = tuple[tuple[str, tuple[str, ...]], ...]
@@ -74,6 +83,13 @@ def load_config(environ: Mapping[str, str]) -> Config:
         raise ConfigError(
             "NODE_NAME is not set: give the container NODE_NAME from the downward API "
             "(valueFrom.fieldRef.fieldPath: spec.nodeName), as the elastic-job chart does"
+        )
+    if not _NODE_NAME.match(node_name):
+        raise ConfigError(
+            f"NODE_NAME {node_name!r} is not a Kubernetes node name (a DNS subdomain: "
+            "lower-case letters, digits, '-' and '.', at most 253 characters): set it from "
+            "the downward API (valueFrom.fieldRef.fieldPath: spec.nodeName), as the "
+            "elastic-job chart does"
         )
     output = environ.get("TOPOLOGY_OUTPUT", "") or str(DEFAULT_OUTPUT)
     return Config(
@@ -110,15 +126,10 @@ def parse_label_map(text: str) -> LabelMap:
         )
     entries = []
     for name, keys in data.items():
-        if not valid_key(name):
+        if not label_map_name_allowed(name):
             raise ConfigError(
-                f"{where}: {name!r} is not a valid variable name: use upper case letters, "
-                "digits and _ ([A-Z_][A-Z0-9_]*), e.g. NODE_RACK"
-            )
-        if name in RESERVED_NAMES:
-            raise ConfigError(
-                f"{where}: {name} is reserved (it changes how a shell or loader behaves): "
-                "choose another variable name"
+                f"{where}: {_shown(name)} is not allowed: {LABEL_MAP_RULE}; "
+                "rename it, e.g. NODE_RACK"
             )
         if (
             not isinstance(keys, list)
@@ -131,6 +142,11 @@ def parse_label_map(text: str) -> LabelMap:
             )
         entries.append((name, tuple(keys)))
     return tuple(entries)
+
+
+def _shown(name: str) -> str:
+    """A variable name as the user wrote it; quoted when it holds more than A-Z0-9_."""
+    return name if re.fullmatch(r"[A-Za-z0-9_]+", name) else json.dumps(name)
 
 
 def _parse_bool(name: str, text: str) -> bool:

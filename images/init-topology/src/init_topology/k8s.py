@@ -69,8 +69,9 @@ def _load(*, lean: bool) -> Client:
             _lazy_package(name)
         configuration = importlib.import_module("kubernetes.client.configuration")
         # incluster_config does `from kubernetes.client import Configuration`: answer it
-        # without running the client package's __init__.
-        sys.modules["kubernetes.client"].Configuration = configuration.Configuration
+        # without running the client package's __init__ (setattr: mypy cannot type a lazy
+        # module's attributes).
+        setattr(sys.modules["kubernetes.client"], "Configuration", configuration.Configuration)  # noqa: B010
     else:
         importlib.import_module("kubernetes")
     api_client = importlib.import_module("kubernetes.client.api_client")

@@ -9,6 +9,7 @@ Every expected failure is one line on stderr, `init-topology: <level>: <what> --
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -38,9 +39,49 @@ SUMMARY_KEYS = (
 )
 
 
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape_for_log(text: str) -> str:
+    """`text` with every character a terminal would act on or break a line at written as an
+    escape: control characters (ESC, CR, NL, BEL, C1 such as CSI), line and paragraph
+    separators, bidi and other format characters, lone surrogates (stderr cannot encode
+    them). Printable text, non-ASCII letters included, is left as it is."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape_char(c) for c in text)
+
+
+def _escape_char(c: str) -> str:
+    if c in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[c]
+    code = ord(c)
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else f"\\u{code:04x}"
+        if code < 0x10000
+        else f"\\U{code:08x}"
+    )
+
+
+def _summary_value(value: str) -> str:
+    """A value in the summary's `key=value` list: bare when plain, else JSON-quoted so that
+    spaces, quotes and backslashes cannot blur where one value ends (the formatter then
+    escapes what JSON leaves raw)."""
+    if not value:
+        return "-"
+    if value.isprintable() and not any(c in value for c in ' "\\'):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
 class _Formatter(logging.Formatter):
+    """One line per record, whatever bytes a label, the API server or a setting held: the
+    env file keeps values byte-exact, the log shows them escaped."""
+
     def format(self, record: logging.LogRecord) -> str:
-        return f"init-topology: {record.levelname.lower()}: {record.getMessage()}"
+        return escape_for_log(f"init-topology: {record.levelname.lower()}: {record.getMessage()}")
 
 
 def _setup_logging() -> None:
@@ -93,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_WRITE
 
     summary = " ".join(
-        f"{key.removeprefix('NODE_').lower()}={variables[key] or '-'}"
+        f"{key.removeprefix('NODE_').lower()}={_summary_value(variables[key])}"
         for key in SUMMARY_KEYS
         if key in variables
     )

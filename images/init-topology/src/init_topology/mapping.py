@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
+from decimal import Context, Decimal
 from typing import Any
 
 from init_topology.config import Config
@@ -41,6 +42,44 @@ GPU_COUNT = ("nvidia.com/gpu.count", "karpenter.k8s.aws/instance-gpu-count")
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
+# Fabric evidence (see `fabric`).
+#: Device-plugin domains whose resources are RDMA devices: the RDMA shared device plugin
+#: (k8s-rdma-shared-dev-plugin, the NVIDIA Network Operator's rdmaSharedDevicePlugin:
+#: rdma/rdma_shared_device_a, rdma/hca_shared_devices_a, rdma/ib, ...).
+RDMA_RESOURCE_DOMAINS = frozenset({"rdma"})
+#: Name tokens that make any resource an RDMA device (nvidia.com/rdma_sriov on OKE,
+#: networking.gke.io.networks/rdma-0 on GKE, nvidia.com/sriov_roce, .../mlnx_ib_sriov).
+RDMA_TOKENS = frozenset({"rdma", "ib", "infiniband", "roce", "hca"})
+#: The NVIDIA Network Operator's own resource domains: its host-device resource
+#: (nvidia.com/hostdev: whole Mellanox NICs, selected with isRdma) is an RDMA device.
+NETWORK_OPERATOR_DOMAINS = frozenset({"nvidia.com", "mellanox.com"})
+#: SR-IOV device plugin domains (the SR-IOV Network Operator's openshift.io, the plugin's
+#: default intel.com, the Network Operator's nvidia.com): their NICs (nvidia.com/mlnxnics,
+#: openshift.io/mlxnics) may be RDMA VFs or not. GPU resources in them are not NICs.
+SRIOV_RESOURCE_DOMAINS = frozenset({"openshift.io", "intel.com", "nvidia.com", "mellanox.com"})
+GPU_RESOURCE_NAMES = ("gpu", "mig-", "vgpu", "pgpu")
+#: Name tokens of a NIC resource that may do RDMA, in any domain.
+NIC_TOKENS = frozenset({"sriov", "vf", "vfs", "mlnx", "mellanox", "connectx"})
+#: NFD's labels for an RDMA-capable adapter (a Mellanox PCI device) and for loaded RDMA
+#: modules, in both spellings NFD has used, and its Mellanox PCI vendor label.
+NFD_RDMA_LABELS = (
+    "feature.node.kubernetes.io/rdma.capable",
+    "feature.node.kubernetes.io/rdma.available",
+    "feature.node.kubernetes.io/custom-rdma.capable",
+    "feature.node.kubernetes.io/custom-rdma.available",
+    "feature.node.kubernetes.io/pci-15b3.present",
+)
+#: The Network Operator labels the nodes where it manages the Mellanox driver.
+NETWORK_OPERATOR_LABELS = ("network.nvidia.com/operator.mofed.wait",)
+#: The one RDMA link layer a provider offers (Azure: InfiniBand; GCE, OCI: RoCE v2).
+PROVIDER_RDMA_LINK = {"azure": "infiniband", "gce": "roce", "oci": "roce"}
+#: GCE machine types with RoCE NICs (GPUDirect RDMA): A3 Ultra, A4, A4X, A4X Max.
+GCE_ROCE_MACHINE_PREFIXES = ("a3-ultragpu-", "a4-highgpu-", "a4x-highgpu-", "a4x-maxgpu-")
+#: GCE machine types with RDMA that is neither InfiniBand nor RoCE (H4D: Cloud RDMA).
+GCE_OTHER_RDMA_MACHINE_PREFIXES = ("h4d-",)
+#: An Azure VM size: Standard_<family><vCPUs>[-<constrained vCPUs>]<additive features>_...
+_AZURE_SIZE = re.compile(r"(?i:standard)_[A-Z]+\d+(?:-\d+)?(?P<features>[a-z]*)(?:_|$)")
+
 GKE_NODEPOOL = "cloud.google.com/gke-nodepool"
 AKS_AGENTPOOL = "kubernetes.azure.com/agentpool"
 
@@ -51,17 +90,30 @@ EFA_RDMA_FAMILIES = frozenset(
 )
 
 _PROVIDER_SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*)://")
+OCI_INSTANCE_OCID_PREFIX = "ocid1.instance."
 _TOKEN = re.compile(r"[^a-z0-9]+")
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """`value` if it is a JSON object, else empty: a Node whose spec, status, metadata,
+    labels or allocatable is null or of another type reads as one without them."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def labels_of(node: Node) -> Mapping[str, str]:
-    labels = node.get("metadata", {}).get("labels") or {}
-    return {str(k): str(v) for k, v in labels.items()}
+    """The Node's labels; entries that are not string -> string are left out."""
+    labels = _mapping(_mapping(node.get("metadata")).get("labels"))
+    return {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def allocatable_of(node: Node) -> Mapping[str, str]:
-    alloc = node.get("status", {}).get("allocatable") or {}
-    return {str(k): str(v) for k, v in alloc.items()}
+    """status.allocatable; a quantity written as a JSON number is read as its text."""
+    alloc = _mapping(_mapping(node.get("status")).get("allocatable"))
+    return {
+        k: v if isinstance(v, str) else str(v)
+        for k, v in alloc.items()
+        if isinstance(k, str) and isinstance(v, (str, int)) and not isinstance(v, bool)
+    }
 
 
 def first_label(labels: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
@@ -72,10 +124,17 @@ def first_label(labels: Mapping[str, str], keys: tuple[str, ...]) -> str | None:
 
 
 def provider(node: Node) -> str:
-    """The scheme of spec.providerID: gce, aws, azure, kind, openstack, ...; "" if none."""
-    provider_id = str(node.get("spec", {}).get("providerID") or "")
+    """The scheme of spec.providerID: gce, aws, azure, kind, openstack, ...; "" if none.
+
+    OKE writes a bare instance OCID (`ocid1.instance.oc1....`) by default: that is `oci`.
+    """
+    provider_id = _mapping(node.get("spec")).get("providerID")
+    if not isinstance(provider_id, str):
+        return ""
     match = _PROVIDER_SCHEME.match(provider_id)
-    return match.group(1) if match else ""
+    if match:
+        return match.group(1)
+    return "oci" if provider_id.startswith(OCI_INSTANCE_OCID_PREFIX) else ""
 
 
 def capacity_type(labels: Mapping[str, str]) -> str:
@@ -139,40 +198,110 @@ def gpus(labels: Mapping[str, str], allocatable: Mapping[str, str]) -> tuple[str
     return model, str(count or 0)
 
 
-def fabric(labels: Mapping[str, str], allocatable: Mapping[str, str], node_provider: str) -> str:
-    """infiniband, efa, roce, ethernet or unknown.
+def fabric(
+    labels: Mapping[str, str],
+    allocatable: Mapping[str, str],
+    node_provider: str,
+    instance_type: str = "",
+) -> str:
+    """infiniband, efa, roce, ethernet or unknown: what the Node shows of its fast fabric.
 
-    EFA: allocatable vpc.amazonaws.com/efa. RDMA: any allocatable resource in the rdma/
-    domain or whose name has an rdma/ib/roce token (RDMA shared device and SR-IOV plugins),
-    or NFD's feature.node.kubernetes.io/rdma.available. The link layer comes from the
-    resource name (ib, infiniband / roce), else from the provider (Azure RDMA is InfiniBand,
-    GCE and OCI RDMA is RoCE); RDMA whose link layer nothing tells is `unknown` (map a label
-    of your own to NODE_FABRIC for those clusters). No EFA or RDMA at all: ethernet.
+    Writing `ethernet` makes NCCL_IB_DISABLE=1, which breaks training on a node that does
+    have InfiniBand or RoCE; `infiniband`/`roce` only write NCCL's own default. So
+    `ethernet` needs positive knowledge (the provider's instance type, below) and no RDMA
+    device advertised; anything weaker that hints at RDMA gives `unknown`, and nothing is
+    written. In order:
+
+    1. allocatable vpc.amazonaws.com/efa > 0: efa.
+    2. An RDMA device resource whose name tells its link layer (`ib`, `infiniband` ->
+       infiniband; `roce`, `eth`, `ethernet` -> roce): that.
+    3. The provider's instance type (`provider_fabric`): infiniband or roce as it says;
+       ethernet as it says unless a device resource that is or may be RDMA is advertised
+       (NFD's host hints do not count there: Azure's accelerated networking is a Mellanox
+       VF, EFA loads ib_uverbs).
+    4. Any RDMA evidence (resource or NFD label): the provider's only RDMA link (Azure
+       InfiniBand, GCE and OCI RoCE), else unknown.
+    5. Nothing known: unknown.
     """
     if _positive(allocatable.get(EFA_RESOURCE)):
         return "efa"
-    rdma = False
+    rdma, maybe, link = _rdma_resources(allocatable)
+    if link:
+        return link
+    view = provider_fabric(node_provider, instance_type)
+    if view in ("infiniband", "roce"):
+        return view
+    if view == "ethernet":
+        return UNKNOWN if rdma or maybe else "ethernet"
+    if rdma or maybe or _rdma_labels(labels):
+        return PROVIDER_RDMA_LINK.get(node_provider, UNKNOWN)
+    return UNKNOWN
+
+
+def provider_fabric(node_provider: str, instance_type: str) -> str | None:
+    """What a cloud's instance type says of its fabric; None where it says nothing.
+
+    - aws: EC2 has no InfiniBand or RoCE; its RDMA is EFA (counted by its resource), which
+      NCCL reaches through the aws-ofi-nccl plugin, not its IB transport: ethernet.
+    - azure: RDMA-capable sizes carry `r` among the additive features after the vCPU count
+      (Standard_ND96isr_H100_v5, Standard_HB120rs_v3) and their RDMA is InfiniBand; a size
+      without it has none: ethernet.
+    - gce: RDMA NICs come with the machine family: RoCE on A3 Ultra, A4, A4X and A4X Max;
+      H4D's Cloud RDMA is neither; every other family has only gVNIC/virtio NICs
+      (A3 High/Mega's GPUDirect-TCPX/TCPXO is TCP over ethernet): ethernet.
+    - anything else, or no instance type: None.
+    """
+    itype = instance_type.strip()
+    if node_provider == "aws":
+        return "ethernet"
+    if node_provider == "azure" and itype:
+        match = _AZURE_SIZE.match(itype)
+        if match is None:
+            return None
+        return "infiniband" if "r" in match.group("features") else "ethernet"
+    if node_provider == "gce" and itype:
+        family = itype.lower()
+        if family.startswith(GCE_ROCE_MACHINE_PREFIXES):
+            return "roce"
+        if family.startswith(GCE_OTHER_RDMA_MACHINE_PREFIXES):
+            return None
+        return "ethernet"
+    return None
+
+
+def _rdma_resources(allocatable: Mapping[str, str]) -> tuple[bool, bool, str | None]:
+    """(an RDMA device is advertised, a device that may be RDMA is, the link layer the
+    RDMA devices' names tell or None). Only resources with a positive quantity count."""
+    rdma = maybe = False
     hints: set[str] = set()
     for name, quantity in allocatable.items():
         if not _positive(quantity):
             continue
-        tokens = set(_TOKEN.split(name.lower()))
-        if name.startswith("rdma/") or tokens & {"rdma", "ib", "infiniband", "roce", "hca"}:
+        domain, _, resource = name.lower().rpartition("/")
+        tokens = set(_TOKEN.split(resource))
+        if (
+            domain in RDMA_RESOURCE_DOMAINS
+            or tokens & RDMA_TOKENS
+            or (domain in NETWORK_OPERATOR_DOMAINS and "hostdev" in tokens)
+        ):
             rdma = True
             hints |= tokens
-    if labels.get("feature.node.kubernetes.io/rdma.available", "").lower() == "true":
-        rdma = True
-    if not rdma:
-        return "ethernet"
+        elif (domain in SRIOV_RESOURCE_DOMAINS and not resource.startswith(GPU_RESOURCE_NAMES)) or (
+            tokens & NIC_TOKENS
+        ):
+            maybe = True
     if hints & {"ib", "infiniband"}:
-        return "infiniband"
-    if "roce" in hints:
-        return "roce"
-    if node_provider == "azure":
-        return "infiniband"
-    if node_provider in ("gce", "oci"):
-        return "roce"
-    return UNKNOWN
+        return rdma, maybe, "infiniband"
+    if hints & {"roce", "eth", "ethernet"}:
+        return rdma, maybe, "roce"
+    return rdma, maybe, None
+
+
+def _rdma_labels(labels: Mapping[str, str]) -> bool:
+    """NFD (or the NVIDIA Network Operator) says the host has an RDMA-capable adapter."""
+    return any(labels.get(key, "").lower() == "true" for key in NFD_RDMA_LABELS) or any(
+        key in labels for key in NETWORK_OPERATOR_LABELS
+    )
 
 
 def node_variables(node_name: str, node: Node | None) -> Variables:
@@ -188,16 +317,17 @@ def node_variables(node_name: str, node: Node | None) -> Variables:
     allocatable = allocatable_of(node)
     node_provider = provider(node)
     model, count = gpus(labels, allocatable)
+    instance_type = first_label(labels, INSTANCE_TYPE) or ""
     variables = {
         "NODE_NAME": node_name,
         "NODE_PROVIDER": node_provider,
         "NODE_REGION": first_label(labels, REGION) or "",
         "NODE_ZONE": first_label(labels, ZONE) or "",
-        "NODE_INSTANCE_TYPE": first_label(labels, INSTANCE_TYPE) or "",
+        "NODE_INSTANCE_TYPE": instance_type,
         "NODE_GPU_MODEL": model,
         "NODE_GPU_COUNT": count,
         "NODE_CAPACITY_TYPE": capacity_type(labels),
-        "NODE_FABRIC": fabric(labels, allocatable, node_provider),
+        "NODE_FABRIC": fabric(labels, allocatable, node_provider, instance_type),
         "NODE_TOPOLOGY_SOURCE": "api",
     }
     return {key: _writable(key, value) for key, value in variables.items()}
@@ -269,15 +399,41 @@ def _writable(key: str, value: str) -> str:
     return value
 
 
-def _int(text: str) -> int | None:
-    """A non-negative integer quantity, else None (GPU and RDMA counts are whole numbers)."""
-    try:
-        value = int(text)
-    except ValueError:
+_QUANTITY = re.compile(
+    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+    r"(?:(?P<binary>Ki|Mi|Gi|Ti|Pi|Ei)|(?P<decimal>[numkMGTPE])|[eE](?P<exponent>[+-]?[0-9]+))?"
+)
+#: Longer text is no count of devices (and int -> str refuses > 4300 digits).
+_MAX_QUANTITY_CHARS = 40
+#: Enough digits that no quantity of that length is rounded.
+_EXACT = Context(prec=4 * _MAX_QUANTITY_CHARS)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+
+def _quantity(text: str) -> Decimal | None:
+    """A Kubernetes quantity (`8`, `1k` as the API writes 1000, `500m`, `1e3`, `2Ki`);
+    None if the text is not one, or is too long or too large to be a count of anything."""
+    match = _QUANTITY.fullmatch(text.strip()) if len(text) <= _MAX_QUANTITY_CHARS else None
+    if match is None:
         return None
-    return value if value >= 0 else None
+    number = Decimal(match["number"])
+    if match["binary"]:
+        return _EXACT.multiply(number, Decimal(_BINARY[match["binary"]]))
+    exponent = _DECIMAL[match["decimal"]] if match["decimal"] else int(match["exponent"] or 0)
+    if abs(exponent) > _MAX_QUANTITY_CHARS:
+        return None
+    return number.scaleb(exponent, context=_EXACT)
+
+
+def _int(text: str) -> int | None:
+    """A whole, non-negative quantity, else None (GPU and RDMA counts are whole numbers)."""
+    value = _quantity(text)
+    if value is None or value < 0 or value != value.to_integral_value():
+        return None
+    return int(value)
 
 
 def _positive(quantity: str | None) -> bool:
-    count = _int(quantity or "")
-    return count is not None and count > 0
+    value = _quantity(quantity or "")
+    return value is not None and value > 0

@@ -133,10 +133,13 @@ def _attempt(api: Any, config: Config, timeout: tuple[float, float]) -> NodeObje
         response = api.read_node(config.node_name, _preload_content=False, _request_timeout=timeout)
         body = response.data
     except ApiException as exc:
-        if not exc.status and str(exc.reason).startswith("SSLError"):
+        # The client's ApiException (loaded lazily, typed as Exception): status, reason, body.
+        status = int(getattr(exc, "status", None) or 0)
+        reason = str(getattr(exc, "reason", None) or "")
+        if not status and reason.startswith("SSLError"):
             # The client turns urllib3's SSLError into ApiException(status=0, "SSLError\n...").
-            return _tls_failure(server, str(exc.reason).removeprefix("SSLError"))
-        return _status_failure(exc.status or 0, exc.reason or "", exc.body, config)
+            return _tls_failure(server, reason.removeprefix("SSLError"))
+        return _status_failure(status, reason, getattr(exc, "body", None), config)
     except u3.SSLError as exc:
         return _tls_failure(server, _reason(exc))
     except u3.NewConnectionError as exc:
