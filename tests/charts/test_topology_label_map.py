@@ -1,6 +1,8 @@
 """topology.labelMap: which variables init-topology may set from node labels. A rule, not
 a list: NODE_, NCCL_, GLOO_, FI_ or UCX_ names (a node's fabric settings), none holding
-PLUGIN, PATH, LIB or PRELOAD (code loading); whoever labels nodes sets the values."""
+PLUGIN, PATH, LIB, PRELOAD, DIR, FILE, CONF or MODULE (code loading, files); whoever labels
+nodes sets the values. The rule is defined in init-topology's config; the chart's copy is
+checked against it here."""
 
 from __future__ import annotations
 
@@ -11,11 +13,17 @@ import pytest
 from chart_render import (
     ELASTIC_JOB,
     EXAMPLES,
+    RenderError,
     container,
     env_of,
     objects,
     render_error,
     worker_statefulsets,
+)
+from init_topology.config import (
+    LABEL_MAP_FORBIDDEN_WORDS,
+    LABEL_MAP_PREFIXES,
+    label_map_name_allowed,
 )
 
 ALLOWED = [
@@ -51,6 +59,10 @@ REFUSED = [
     "NODE_LD_LIBRARY_PATH",
     "NCCL_LIBDIR",
     "GLOO_PRELOAD",
+    "UCX_MODULE_DIR",
+    "NCCL_CONF_FILE",
+    "NCCL_DEBUG_FILE",
+    "NCCL_TOPO_FILE",
 ]
 
 
@@ -68,8 +80,22 @@ def test_other_names_are_refused_stating_the_rule(helm: Path, name: str) -> None
         ELASTIC_JOB, helm=helm, sets=[f"topology.labelMap.{name}={{evil.example/label}}"]
     )
     assert f"topology.labelMap.{name}:" in err.stderr, err.stderr
-    for part in ("NODE_, NCCL_, GLOO_, FI_ or UCX_", "PLUGIN, PATH, LIB, PRELOAD"):
+    prefixes = ", ".join(LABEL_MAP_PREFIXES[:-1]) + " or " + LABEL_MAP_PREFIXES[-1]
+    for part in (prefixes, ", ".join(LABEL_MAP_FORBIDDEN_WORDS)):
         assert part in err.stderr, err.stderr
+
+
+@pytest.mark.parametrize("name", ALLOWED + REFUSED)
+def test_the_chart_and_init_topology_judge_every_name_alike(helm: Path, name: str) -> None:
+    """One rule: a name the chart lets through is one init-topology accepts, and back."""
+    sets = [f"topology.labelMap.{name}={{a.example/b}}"]
+    try:
+        objects(ELASTIC_JOB, helm=helm, sets=sets)
+        chart_allows = True
+    except RenderError as exc:
+        assert f"topology.labelMap.{name}:" in exc.stderr, exc.stderr
+        chart_allows = False
+    assert chart_allows == label_map_name_allowed(name)
 
 
 def test_every_example_label_map_follows_the_rule() -> None:

@@ -97,8 +97,8 @@ interpreter the script (or the module after -m). Empty arguments elsewhere are d
 (the same rule in images/init-topology). Only the families a node's fabric is tuned by, and
 none that loads code or says where code is loaded from. */ -}}
 {{- range $name, $_ := $v.topology.labelMap -}}
-{{- if or (not (regexMatch "^(NODE|NCCL|GLOO|FI|UCX)_[A-Z0-9_]*$" $name)) (regexMatch "PLUGIN|PATH|LIB|PRELOAD" $name) -}}
-{{- fail (printf "topology.labelMap.%s: %q may not be set from a node label: a variable name must start with NODE_, NCCL_, GLOO_, FI_ or UCX_, use only A-Z, 0-9 and _, and contain none of PLUGIN, PATH, LIB, PRELOAD (they load code or change where it is loaded from); rename it, e.g. NODE_POOL" $name $name) -}}
+{{- if or (not (regexMatch "^(NODE|NCCL|GLOO|FI|UCX)_[A-Z0-9_]*$" $name)) (regexMatch "PLUGIN|PATH|LIB|PRELOAD|DIR|FILE|CONF|MODULE" $name) -}}
+{{- fail (printf "topology.labelMap.%s: %q may not be set from a node label: a variable name must start with NODE_, NCCL_, GLOO_, FI_ or UCX_, use only A-Z, 0-9 and _, and contain none of PLUGIN, PATH, LIB, PRELOAD, DIR, FILE, CONF, MODULE (they load code, say where it is loaded from, or name a file read or written); rename it, e.g. NODE_POOL" $name $name) -}}
 {{- end -}}
 {{- end -}}
 {{- $shm := include "elastic-job.str" $v.worker.shmSizeLimit -}}

@@ -29,8 +29,9 @@ LABEL_MAP_NAME_PATTERN = r"^[A-Z][A-Z0-9_]*$"
 #: A name starts with one of these: the families a node's fabric is tuned by.
 LABEL_MAP_PREFIXES = ("NODE_", "NCCL_", "GLOO_", "FI_", "UCX_")
 #: ... and contains none of these anywhere: they load code or change where it is loaded from
-#: (NCCL_NET_PLUGIN, NCCL_TUNER_PLUGIN, FI_PROVIDER_PATH, LD_LIBRARY_PATH, LD_PRELOAD).
-LABEL_MAP_FORBIDDEN_WORDS = ("PLUGIN", "PATH", "LIB", "PRELOAD")
+#: (NCCL_NET_PLUGIN, FI_PROVIDER_PATH, UCX_MODULE_DIR, NCCL_LIBDIR), or name a file that can
+#: set such a variable in turn (NCCL_CONF_FILE) or that gets written (NCCL_DEBUG_FILE).
+LABEL_MAP_FORBIDDEN_WORDS = ("PLUGIN", "PATH", "LIB", "PRELOAD", "DIR", "FILE", "CONF", "MODULE")
 LABEL_MAP_RULE = (
     f"a variable name must match {LABEL_MAP_NAME_PATTERN}, start with "
     f"{', '.join(LABEL_MAP_PREFIXES[:-1])} or {LABEL_MAP_PREFIXES[-1]}, and not contain "
