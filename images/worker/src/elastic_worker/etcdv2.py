@@ -9,8 +9,10 @@ HTTP API directly and can tell "no v2 API" (a plain-text 404, etcd 3.6 or
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import logging
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -35,6 +37,44 @@ class Unavailable(EtcdError):
 
 class NoV2Api(EtcdError):
     """The server answers HTTP but has no v2 keys API (etcd 3.6+, --enable-v2=false)."""
+
+
+class TlsRefused(EtcdError):
+    """TLS cannot work with these settings; waiting does not help.
+
+    `side` says whose certificate or protocol failed: "server" (this worker does not
+    trust etcd's certificate), "client" (etcd refused this worker's certificate, or
+    wants one) or "protocol" (https to a server that speaks plain HTTP)."""
+
+    def __init__(self, side: str, detail: str) -> None:
+        super().__init__(detail)
+        self.side = side
+
+
+# OpenSSL's names for the alerts a server sends when it refuses the client certificate.
+_CLIENT_CERT_ALERTS = (
+    "CERTIFICATE_REQUIRED",
+    "BAD_CERTIFICATE",
+    "UNKNOWN_CA",
+    "CERTIFICATE_UNKNOWN",
+    "HANDSHAKE_FAILURE",
+    "CERTIFICATE_EXPIRED",
+    "CERTIFICATE_REVOKED",
+    "UNSUPPORTED_CERTIFICATE",
+    "ACCESS_DENIED",
+)
+
+
+def _tls_refusal(reason: object) -> TlsRefused | None:
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        return TlsRefused("server", str(reason.verify_message or reason))
+    if isinstance(reason, ssl.SSLError):
+        name = str(reason.reason or "")
+        if name == "WRONG_VERSION_NUMBER":
+            return TlsRefused("protocol", "the server does not speak TLS")
+        if any(alert in name for alert in _CLIENT_CERT_ALERTS):
+            return TlsRefused("client", f"the server sent {name}")
+    return None
 
 
 class KeyNotFound(EtcdError):
@@ -65,9 +105,24 @@ def _node(data: dict[str, Any]) -> Node:
 
 
 class Client:
-    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """`context` is the TLS context for an https `base_url` (config.RdzvTls.context)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        *,
+        context: ssl.SSLContext | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.context = context
+
+    def _open(self, req: urllib.request.Request | str) -> http.client.HTTPResponse:
+        resp: http.client.HTTPResponse = urllib.request.urlopen(
+            req, timeout=self.timeout, context=self.context
+        )
+        return resp
 
     def _request(
         self,
@@ -84,7 +139,7 @@ class Client:
         if body is not None:
             req.add_header("Content-Type", "application/x-www-form-urlencoded")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with self._open(req) as resp:
                 return dict(json.loads(resp.read() or b"{}"))
         except urllib.error.HTTPError as exc:
             raw = exc.read()
@@ -106,7 +161,15 @@ class Client:
                 raise CompareFailed(message) from None
             raise EtcdError(f"etcd error {code}: {message}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
+            # urlopen wraps errors of the request (the TLS handshake) in URLError, not
+            # those of the response (a TLS 1.3 alert after the handshake).
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            refusal = _tls_refusal(reason)
+            if refusal is not None:
+                raise refusal from None
+            if isinstance(reason, http.client.RemoteDisconnected) and self.context is None:
+                # What a TLS-only etcd does to plain HTTP: say so while the gate waits.
+                reason = f"{reason} (does etcd serve only HTTPS? then enable TLS)"
             raise Unavailable(f"{self.base_url}: {reason}") from None
 
     def get(self, key: str, *, recursive: bool = False) -> Node:
@@ -160,7 +223,7 @@ class Client:
     def server_version(self) -> str:
         """etcd's /version, e.g. '3.6.0', or '' when it cannot be read."""
         try:
-            with urllib.request.urlopen(f"{self.base_url}/version", timeout=self.timeout) as r:
+            with self._open(f"{self.base_url}/version") as r:
                 return str(json.loads(r.read()).get("etcdserver", ""))
         except (urllib.error.URLError, OSError, ValueError):
             return ""
