@@ -15,7 +15,6 @@ from testlib import EtcdServer
 
 from localrun.apiserver import FakeApiServer
 
-
 BASE = {
     "ELASTIC_JOB_ID": "run42",
     "ELASTIC_RDZV_ENDPOINT": "127.0.0.1:2379",

@@ -19,6 +19,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from elastic_worker.config import Config
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 5.0
@@ -65,7 +67,13 @@ _CLIENT_CERT_ALERTS = (
 )
 
 
+#: Connections in a row that a TLS server drops the same way before it counts as a
+#: refusal: a drop without an alert can be a restart, the same drop 3 times is not.
+TLS_DROPS_TO_REFUSE = 3
+
+
 def _tls_refusal(reason: object) -> TlsRefused | None:
+    """A refusal the error itself proves (an alert, a certificate that fails to verify)."""
     if isinstance(reason, ssl.SSLCertVerificationError):
         return TlsRefused("server", str(reason.verify_message or reason))
     if isinstance(reason, ssl.SSLError):
@@ -117,6 +125,31 @@ class Client:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.context = context
+        self._drops: tuple[str, int] = ("", 0)
+
+    def _tls_drop(self, exc: BaseException, reason: object) -> TlsRefused | None:
+        """Connections closed without a word, counted; a refusal after a streak.
+
+        Whether the alert of a refused client certificate reaches us depends on timing
+        (the server closes while our request is in flight), so a drop right after the
+        handshake is counted as one: `client`. A drop during the handshake is a server
+        that does not answer TLS: `protocol`. urlopen wraps errors of the connection
+        (handshake) in URLError, not those of the response.
+        """
+        if self.context is None or not isinstance(
+            reason, ssl.SSLEOFError | ssl.SSLZeroReturnError | ConnectionResetError
+        ):
+            self._drops = ("", 0)
+            return None
+        side = "protocol" if isinstance(exc, urllib.error.URLError) else "client"
+        count = self._drops[1] + 1 if self._drops[0] == side else 1
+        self._drops = (side, count)
+        if count < TLS_DROPS_TO_REFUSE:
+            return None
+        if side == "protocol":
+            what = f"the server closed {count} TLS handshakes in a row: it seems not to speak TLS"
+            return TlsRefused(side, what)
+        return TlsRefused(side, f"the server closed {count} connections after the TLS handshake")
 
     def _open(self, req: urllib.request.Request | str) -> http.client.HTTPResponse:
         resp: http.client.HTTPResponse = urllib.request.urlopen(
@@ -140,8 +173,10 @@ class Client:
             req.add_header("Content-Type", "application/x-www-form-urlencoded")
         try:
             with self._open(req) as resp:
+                self._drops = ("", 0)
                 return dict(json.loads(resp.read() or b"{}"))
         except urllib.error.HTTPError as exc:
+            self._drops = ("", 0)
             raw = exc.read()
             try:
                 data = json.loads(raw)
@@ -164,7 +199,7 @@ class Client:
             # urlopen wraps errors of the request (the TLS handshake) in URLError, not
             # those of the response (a TLS 1.3 alert after the handshake).
             reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-            refusal = _tls_refusal(reason)
+            refusal = _tls_refusal(reason) or self._tls_drop(exc, reason)
             if refusal is not None:
                 raise refusal from None
             if isinstance(reason, http.client.RemoteDisconnected) and self.context is None:
@@ -227,3 +262,9 @@ class Client:
                 return str(json.loads(r.read()).get("etcdserver", ""))
         except (urllib.error.URLError, OSError, ValueError):
             return ""
+
+
+def connect(config: Config) -> Client:
+    """The worker's client for the job's etcd: https with the CA and client certificate
+    torch's handler is given (config.RdzvTls), plain http when torch's is."""
+    return Client(config.rdzv_url, context=config.tls.context if config.tls else None)

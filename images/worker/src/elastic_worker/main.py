@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, relay)
     try:
         cfg = _load(list(sys.argv[1:] if argv is None else argv))
-        client = etcdv2.Client(cfg.rdzv_url, context=cfg.tls.context if cfg.tls else None)
+        client = etcdv2.connect(cfg)
         ready = _gate(cfg, client, relay.stop)
         if ready is None:
             return exits.OK
