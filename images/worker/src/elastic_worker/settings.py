@@ -48,7 +48,7 @@ class Setting:
     #: None: the variable is required.
     default: str | None
     source: Source
-    #: The values.yaml key (Source.VALUE) or what the chart derives it from.
+    #: The values.yaml keys it comes from, what the chart derives it from, or who sets it.
     chart: str
     meaning: str
 
@@ -165,7 +165,7 @@ SETTINGS: tuple[Setting, ...] = (
         Kind.PATH,
         "/etc/inject/env",
         Source.VALUE,
-        "fixed: the inject volume",
+        "fixed (the inject volume)",
         "init-topology's KEY='value' file; its keys fill variables not already set",
     ),
     Setting(
@@ -262,7 +262,7 @@ SETTINGS: tuple[Setting, ...] = (
         Kind.TEXT,
         "",
         Source.KUBELET,
-        "-",
+        "the `kubernetes` Service",
         "the API server, for ELASTIC_SCALE_DOWN",
     ),
     Setting(
@@ -270,7 +270,7 @@ SETTINGS: tuple[Setting, ...] = (
         Kind.TEXT,
         "443",
         Source.KUBELET,
-        "-",
+        "the `kubernetes` Service",
         "the API server's port",
     ),
 )
