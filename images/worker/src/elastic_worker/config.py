@@ -58,8 +58,8 @@ class Endpoint:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
-# Where the chart mounts each file torch's handler is given (charts/elastic-job
-# `elastic-job.rdzvConf`): named in errors so a user knows which value to fix.
+# The chart value behind each TLS key of ELASTIC_RDZV_CONF (charts/elastic-job
+# `elastic-job.rdzvConf`): named in errors so that a user knows which value to fix.
 _TLS_CHART_VALUE = {
     "protocol": "rendezvous.tls.enabled",
     "ca_cert": "rendezvous.tls.caSecret",
