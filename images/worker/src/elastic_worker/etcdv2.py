@@ -177,35 +177,42 @@ class Client:
                 return dict(json.loads(resp.read() or b"{}"))
         except urllib.error.HTTPError as exc:
             self._drops = ("", 0)
-            raw = exc.read()
-            try:
-                data = json.loads(raw)
-            except ValueError:
-                data = None
-            if not isinstance(data, dict) or "errorCode" not in data:
-                if exc.code in (404, 405):
-                    raise NoV2Api(f"{self.base_url} has no etcd v2 API (HTTP {exc.code})") from None
-                raise Unavailable(f"{self.base_url}: HTTP {exc.code}") from None
-            code = int(data["errorCode"])
-            message = f"{data.get('message', '')} ({data.get('cause', key)})"
-            if code == _KEY_NOT_FOUND:
-                raise KeyNotFound(message) from None
-            if code == _NODE_EXISTS:
-                raise NodeExists(message) from None
-            if code == _COMPARE_FAILED:
-                raise CompareFailed(message) from None
-            raise EtcdError(f"etcd error {code}: {message}") from None
+            raise self._http_error(exc, key) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            # urlopen wraps errors of the request (the TLS handshake) in URLError, not
-            # those of the response (a TLS 1.3 alert after the handshake).
-            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-            refusal = _tls_refusal(reason) or self._tls_drop(exc, reason)
-            if refusal is not None:
-                raise refusal from None
-            if isinstance(reason, http.client.RemoteDisconnected) and self.context is None:
-                # What a TLS-only etcd does to plain HTTP: say so while the gate waits.
-                reason = f"{reason} (does etcd serve only HTTPS? then enable TLS)"
-            raise Unavailable(f"{self.base_url}: {reason}") from None
+            raise self._connection_error(exc) from None
+
+    def _http_error(self, exc: urllib.error.HTTPError, key: str) -> EtcdError:
+        """etcd's JSON error as its exception; a 404 without one means no v2 API."""
+        try:
+            data = json.loads(exc.read())
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or "errorCode" not in data:
+            if exc.code in (404, 405):
+                return NoV2Api(f"{self.base_url} has no etcd v2 API (HTTP {exc.code})")
+            return Unavailable(f"{self.base_url}: HTTP {exc.code}")
+        code = int(data["errorCode"])
+        message = f"{data.get('message', '')} ({data.get('cause', key)})"
+        known: dict[int, type[EtcdError]] = {
+            _KEY_NOT_FOUND: KeyNotFound,
+            _NODE_EXISTS: NodeExists,
+            _COMPARE_FAILED: CompareFailed,
+        }
+        if code in known:
+            return known[code](message)
+        return EtcdError(f"etcd error {code}: {message}")
+
+    def _connection_error(self, exc: Exception) -> EtcdError:
+        # urlopen wraps errors of the request (the TLS handshake) in URLError, not
+        # those of the response (a TLS 1.3 alert after the handshake).
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        refusal = _tls_refusal(reason) or self._tls_drop(exc, reason)
+        if refusal is not None:
+            return refusal
+        if isinstance(reason, http.client.RemoteDisconnected) and self.context is None:
+            # What a TLS-only etcd does to plain HTTP: say so while the gate waits.
+            reason = f"{reason} (does etcd serve only HTTPS? then enable TLS)"
+        return Unavailable(f"{self.base_url}: {reason}")
 
     def get(self, key: str, *, recursive: bool = False) -> Node:
         query = {"recursive": "true"} if recursive else None
