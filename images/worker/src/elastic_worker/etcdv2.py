@@ -13,6 +13,7 @@ import http.client
 import json
 import logging
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -67,9 +68,11 @@ _CLIENT_CERT_ALERTS = (
 )
 
 
-#: Connections in a row that a TLS server drops the same way before it counts as a
-#: refusal: a drop without an alert can be a restart, the same drop 3 times is not.
+#: How long a TLS server must drop every connection the same way (and at least 3 times)
+#: before it counts as a refusal: one drop without an alert can be a restart or a proxy
+#: starting up; the same drop for seconds on end is not.
 TLS_DROPS_TO_REFUSE = 3
+TLS_DROP_SECONDS = 5.0
 
 
 def _tls_refusal(reason: object) -> TlsRefused | None:
@@ -125,7 +128,7 @@ class Client:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.context = context
-        self._drops: tuple[str, int] = ("", 0)
+        self._drops: tuple[str, int, float] = ("", 0, 0.0)  # side, count, first drop
 
     def _tls_drop(self, exc: BaseException, reason: object) -> TlsRefused | None:
         """Connections closed without a word, counted; a refusal after a streak.
@@ -139,17 +142,21 @@ class Client:
         if self.context is None or not isinstance(
             reason, ssl.SSLEOFError | ssl.SSLZeroReturnError | ConnectionResetError
         ):
-            self._drops = ("", 0)
+            self._drops = ("", 0, 0.0)
             return None
         side = "protocol" if isinstance(exc, urllib.error.URLError) else "client"
-        count = self._drops[1] + 1 if self._drops[0] == side else 1
-        self._drops = (side, count)
-        if count < TLS_DROPS_TO_REFUSE:
+        now = time.monotonic()
+        last_side, count, first = self._drops
+        self._drops = (side, count + 1, first) if last_side == side else (side, 1, now)
+        _, count, first = self._drops
+        if count < TLS_DROPS_TO_REFUSE or now - first < TLS_DROP_SECONDS:
             return None
+        seconds = f"{now - first:.0f} s"
         if side == "protocol":
-            what = f"the server closed {count} TLS handshakes in a row: it seems not to speak TLS"
+            what = f"the server closed every TLS handshake for {seconds}: it seems not to speak TLS"
             return TlsRefused(side, what)
-        return TlsRefused(side, f"the server closed {count} connections after the TLS handshake")
+        what = f"the server closed every connection after the handshake for {seconds}"
+        return TlsRefused(side, what)
 
     def _open(self, req: urllib.request.Request | str) -> http.client.HTTPResponse:
         resp: http.client.HTTPResponse = urllib.request.urlopen(
@@ -173,10 +180,10 @@ class Client:
             req.add_header("Content-Type", "application/x-www-form-urlencoded")
         try:
             with self._open(req) as resp:
-                self._drops = ("", 0)
+                self._drops = ("", 0, 0.0)
                 return dict(json.loads(resp.read() or b"{}"))
         except urllib.error.HTTPError as exc:
-            self._drops = ("", 0)
+            self._drops = ("", 0, 0.0)
             raise self._http_error(exc, key) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise self._connection_error(exc) from None
