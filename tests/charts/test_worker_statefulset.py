@@ -308,7 +308,7 @@ def test_rendezvous_settings_become_torchrun_rdzv_conf() -> None:
 
 def test_default_rdzv_conf_comes_from_values_yaml() -> None:
     """The rendered conf is values.yaml's defaults (the image's equal them:
-    tests/charts/test_worker_settings.py)."""
+    tests/charts/test_worker_env_settings.py)."""
     r = DEFAULTS["rendezvous"]
     extra = "".join(f",{k}={v}" for k, v in sorted(r["extraConf"].items()))
     assert _worker_env()["ELASTIC_RDZV_CONF"] == (

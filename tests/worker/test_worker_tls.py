@@ -258,8 +258,9 @@ def test_plain_http_to_a_tls_etcd_says_what_to_enable_when_the_gate_gives_up(
 
 def test_a_missing_ca_file_is_a_bad_setting_before_any_wait(tmp_path: Path) -> None:
     conf = f"protocol=https,ca_cert={tmp_path}/ca.crt"
+    cfg = load("127.0.0.1:2379", conf)  # the Secret is mounted by then; read when connecting
     with pytest.raises(config.ConfigError) as info:
-        load("127.0.0.1:2379", conf)
+        etcdv2.connect(cfg)
     assert str(info.value) == (
         f"ELASTIC_RDZV_CONF ca_cert (chart: rendezvous.tls.caSecret): {tmp_path}/ca.crt does "
         "not exist; mount the Secret there or fix the path"
@@ -286,7 +287,7 @@ def test_a_client_key_that_does_not_match_is_a_bad_setting(pki: Pki, tmp_path: P
         f"ssl_cert_key={pki.path('rogue-client.key')}"
     )
     with pytest.raises(config.ConfigError) as info:
-        load("127.0.0.1:2379", conf)
+        etcdv2.connect(load("127.0.0.1:2379", conf))
     assert str(info.value).startswith(
         "ELASTIC_RDZV_CONF ssl_cert (chart: rendezvous.tls.clientCertSecret): cannot load "
     )

@@ -77,12 +77,35 @@ class RdzvTls:
     ca_cert: str | None
     cert: str | None
     key: str | None
-    context: ssl.SSLContext = field(compare=False, repr=False)
 
     @staticmethod
     def setting(key: str) -> str:
         """How a user finds the setting behind an rdzv-conf key, for error lines."""
         return f"ELASTIC_RDZV_CONF {key} (chart: {_TLS_CHART_VALUE[key]})"
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The worker client's TLS context, as torch's handler builds its own: `ca_cert`
+        (else the system's CAs), `ssl_cert` with `ssl_cert_key` (or a PEM holding both).
+        The files are read here, when the client is made, not when settings are parsed:
+        they are Secret volumes of the pod. A file that cannot be used is a ConfigError."""
+        ca = _tls_file("ca_cert", self.ca_cert) if self.ca_cert else None
+        try:
+            context = ssl.create_default_context(cafile=ca)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"{self.setting('ca_cert')}: {ca} holds no usable CA: {exc}"
+            ) from None
+        if self.cert is not None:
+            cert = _tls_file("ssl_cert", self.cert)
+            key = _tls_file("ssl_cert_key", self.key) if self.key else None
+            try:
+                context.load_cert_chain(cert, key)
+            except (ssl.SSLError, OSError) as exc:
+                with_key = f" with {key}" if key else ""
+                raise ConfigError(
+                    f"{self.setting('ssl_cert')}: cannot load {cert}{with_key}: {exc}"
+                ) from None
+        return context
 
 
 @dataclass(frozen=True)
@@ -249,9 +272,8 @@ def _tls_file(key: str, path: str) -> str:
 def parse_tls(conf: Sequence[tuple[str, str]]) -> RdzvTls | None:
     """The TLS of the rendezvous from the rdzv-conf pairs; None for plain HTTP.
 
-    Mirrors torch's etcd-v2 `_create_etcd_client`: `protocol` (http or https, any case),
-    `ssl_cert` alone is a PEM holding certificate and key, `ca_cert` unset means the
-    system's CAs. A file that cannot be loaded is refused here, before any wait.
+    Mirrors torch's etcd-v2 `_create_etcd_client`: `protocol` is http or https (any
+    case); `ssl_cert` alone is a PEM holding certificate and key.
     """
     given = dict(conf)
     protocol = given.get("protocol", "http").strip().lower()
@@ -269,22 +291,7 @@ def parse_tls(conf: Sequence[tuple[str, str]]) -> RdzvTls | None:
         raise ConfigError(
             f"{RdzvTls.setting('ssl_cert_key')} is set without ssl_cert: give the certificate too"
         )
-    ca = _tls_file("ca_cert", given["ca_cert"]) if "ca_cert" in given else None
-    cert = _tls_file("ssl_cert", given["ssl_cert"]) if "ssl_cert" in given else None
-    key = _tls_file("ssl_cert_key", given["ssl_cert_key"]) if "ssl_cert_key" in given else None
-    try:
-        context = ssl.create_default_context(cafile=ca)
-    except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(f"{RdzvTls.setting('ca_cert')}: {ca} holds no usable CA: {exc}") from None
-    if cert is not None:
-        try:
-            context.load_cert_chain(cert, key)
-        except (ssl.SSLError, OSError) as exc:
-            raise ConfigError(
-                f"{RdzvTls.setting('ssl_cert')}: cannot load {cert}"
-                f"{' with ' + key if key else ''}: {exc}"
-            ) from None
-    return RdzvTls(ca, cert, key, context)
+    return RdzvTls(given.get("ca_cert"), given.get("ssl_cert"), given.get("ssl_cert_key"))
 
 
 def _nproc(env: Mapping[str, str]) -> str:

@@ -280,5 +280,6 @@ class Client:
 
 def connect(config: Config) -> Client:
     """The worker's client for the job's etcd: https with the CA and client certificate
-    torch's handler is given (config.RdzvTls), plain http when torch's is."""
-    return Client(config.rdzv_url, context=config.tls.context if config.tls else None)
+    torch's handler is given (config.RdzvTls), plain http when torch's is. Raises
+    config.ConfigError when a TLS file cannot be used."""
+    return Client(config.rdzv_url, context=config.tls.ssl_context() if config.tls else None)

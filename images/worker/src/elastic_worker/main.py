@@ -70,8 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in launch.FORWARDED_SIGNALS:
         signal.signal(sig, relay)
     try:
-        cfg = _load(list(sys.argv[1:] if argv is None else argv))
-        client = etcdv2.connect(cfg)
+        cfg, client = _load(list(sys.argv[1:] if argv is None else argv))
         ready = _gate(cfg, client, relay.stop)
         if ready is None:
             return exits.OK
@@ -80,9 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return leave.code
 
 
-def _load(args: list[str]) -> config.Config:
+def _load(args: list[str]) -> tuple[config.Config, etcdv2.Client]:
+    """The settings, and the etcd client made from them (its TLS files read)."""
     try:
         cfg = config.load(args)
+        client = etcdv2.connect(cfg)
     except config.ConfigError as exc:
         logger.error("%s", exc)
         raise _Exit(exits.CONFIG) from None
@@ -94,7 +95,7 @@ def _load(args: list[str]) -> config.Config:
             sys.executable,
         )
         raise _Exit(exits.CONFIG)
-    return cfg
+    return cfg, client
 
 
 def _gate(cfg: config.Config, client: etcdv2.Client, stop: threading.Event) -> _Ready | None:
