@@ -23,24 +23,12 @@ from chart_render import (
     pod_spec,
     worker_statefulsets,
 )
+from elastic_worker.settings import SETTINGS, Source
 
+# The worker's variables the chart sets, in the chart's order: the one definition's
+# (images/worker/src/elastic_worker/settings.py), then the downward API's.
 CONTRACT_ENV = [
-    "ELASTIC_JOB_ID",
-    "ELASTIC_RDZV_ENDPOINT",
-    "ELASTIC_MIN_NODES",
-    "ELASTIC_MAX_NODES",
-    "ELASTIC_NPROC_PER_NODE",
-    "ELASTIC_MAX_RESTARTS",
-    "ELASTIC_RDZV_CONF",
-    "ELASTIC_MONITOR_INTERVAL",
-    "ELASTIC_GATE_TIMEOUT",
-    "ELASTIC_GATE_PEERS",
-    "ELASTIC_MESH_INTERFACES",
-    "ELASTIC_MESH_REQUIRED",
-    "ELASTIC_INJECT_ENV",
-    "ELASTIC_GRACE_PERIOD",
-    "ELASTIC_SCALE_DOWN",
-    "ELASTIC_STATEFULSETS",
+    *(s.name for s in SETTINGS if s.source in {Source.VALUE, Source.DERIVED}),
     "POD_NAME",
     "POD_NAMESPACE",
     "POD_IP",
@@ -319,7 +307,8 @@ def test_rendezvous_settings_become_torchrun_rdzv_conf() -> None:
 
 
 def test_default_rdzv_conf_comes_from_values_yaml() -> None:
-    """The defaults live in values.yaml only: the rendered conf matches them."""
+    """The rendered conf is values.yaml's defaults (the image's equal them:
+    tests/charts/test_worker_env_settings.py)."""
     r = DEFAULTS["rendezvous"]
     extra = "".join(f",{k}={v}" for k, v in sorted(r["extraConf"].items()))
     assert _worker_env()["ELASTIC_RDZV_CONF"] == (

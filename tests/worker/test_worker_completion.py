@@ -15,19 +15,27 @@ from testlib import EtcdServer
 
 from localrun.apiserver import FakeApiServer
 
+BASE = {
+    "ELASTIC_JOB_ID": "run42",
+    "ELASTIC_RDZV_ENDPOINT": "127.0.0.1:2379",
+    "ELASTIC_MIN_NODES": "1",
+    "ELASTIC_MAX_NODES": "1",
+    "ELASTIC_INJECT_ENV": "/nonexistent",
+    "POD_NAME": "run42-worker-1",
+    "POD_NAMESPACE": "default",
+    "ELASTIC_GRACE_PERIOD": "5",
+}
+
 
 def make_config(etcd: EtcdServer, job: str, **extra: str) -> config.Config:
-    env = {
-        "ELASTIC_JOB_ID": job,
-        "ELASTIC_RDZV_ENDPOINT": etcd.endpoint,
-        "ELASTIC_MIN_NODES": "1",
-        "ELASTIC_INJECT_ENV": "/nonexistent",
-        "POD_NAME": "run42-worker-1",
-        "POD_NAMESPACE": "default",
-        "ELASTIC_GRACE_PERIOD": "5",
-        **extra,
-    }
+    env = {**BASE, "ELASTIC_JOB_ID": job, "ELASTIC_RDZV_ENDPOINT": etcd.endpoint, **extra}
     return config.load(["train.py"], env)
+
+
+def kube_api(api: FakeApiServer) -> config.KubeApi | None:
+    """What config.load makes of the kubelet's variables and the mounted token."""
+    env = {**api.env(), "ELASTIC_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir)}
+    return config.load(["train.py"], {**BASE, **env}).kube_api
 
 
 def test_mark_complete_sets_the_marker_once(etcd: EtcdServer) -> None:
@@ -48,9 +56,7 @@ def test_scale_to_zero_patches_each_statefulset(tmp_path: Path) -> None:
     with FakeApiServer(workdir=tmp_path / "api") as api:
         api.add_statefulset("default", "run42-worker-a", replicas=3)
         api.add_statefulset("default", "run42-worker-b", replicas=2)
-        kube = completion.KubeApi.in_cluster(
-            {**api.env(), "ELASTIC_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir)}
-        )
+        kube = kube_api(api)
         assert kube is not None
         assert completion.scale_to_zero(kube, "default", ("run42-worker-a", "run42-worker-b")) == 2
         for name in ("run42-worker-a", "run42-worker-b"):
@@ -63,9 +69,7 @@ def test_a_403_is_a_warning_not_a_failure(tmp_path: Path, caplog: pytest.LogCapt
     with FakeApiServer(workdir=tmp_path / "api") as api:
         api.add_statefulset("default", "run42-worker-a", replicas=3)
         api.set_fault(r"/scale$", 403)
-        kube = completion.KubeApi.in_cluster(
-            {**api.env(), "ELASTIC_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir)}
-        )
+        kube = kube_api(api)
         assert kube is not None
         assert completion.scale_to_zero(kube, "default", ("run42-worker-a",)) == 0
         assert api.statefulsets[("default", "run42-worker-a")]["spec"]["replicas"] == 3
@@ -76,7 +80,8 @@ def test_a_403_is_a_warning_not_a_failure(tmp_path: Path, caplog: pytest.LogCapt
 
 
 def test_no_service_account_means_no_api() -> None:
-    assert completion.KubeApi.in_cluster({"ELASTIC_SERVICEACCOUNT_DIR": "/nonexistent"}) is None
+    env = {**BASE, "KUBERNETES_SERVICE_HOST": "10.0.0.1", "ELASTIC_SERVICEACCOUNT_DIR": "/none"}
+    assert config.load(["train.py"], env).kube_api is None
 
 
 def sleeper(seconds: float) -> list[str]:
@@ -117,16 +122,16 @@ def test_a_failed_torchrun_keeps_its_code_when_the_job_is_not_complete(etcd: Etc
     assert not completion.is_complete(client, cfg)
 
 
-def test_success_marks_complete_and_scales_down(
-    etcd: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_success_marks_complete_and_scales_down(etcd: EtcdServer, tmp_path: Path) -> None:
     with FakeApiServer(workdir=tmp_path / "api") as api:
         api.add_statefulset("default", "run42-worker", replicas=2)
-        for key, value in api.env().items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.setenv("ELASTIC_SERVICEACCOUNT_DIR", str(api.serviceaccount_dir))
         cfg = make_config(
-            etcd, "success", ELASTIC_SCALE_DOWN="true", ELASTIC_STATEFULSETS="run42-worker"
+            etcd,
+            "success",
+            ELASTIC_SCALE_DOWN="true",
+            ELASTIC_STATEFULSETS="run42-worker",
+            ELASTIC_SERVICEACCOUNT_DIR=str(api.serviceaccount_dir),
+            **api.env(),
         )
         client = etcdv2.Client(etcd.url)
         sup = launch.Supervisor([sys.executable, "-c", "pass"], {}, cfg, client)

@@ -35,10 +35,20 @@ def test_defaults_fill_everything_the_chart_may_leave_out() -> None:
     cfg = load()
     assert cfg.endpoint == config.Endpoint("run42-etcd-rendezvous.default.svc.cluster.local", 2379)
     assert (cfg.min_nodes, cfg.max_nodes, cfg.nproc_per_node) == (2, 4, "1")
-    assert cfg.max_restarts == config.DEFAULT_MAX_RESTARTS
-    assert cfg.rdzv_conf == config.DEFAULT_RDZV_CONF
-    assert cfg.monitor_interval == config.DEFAULT_MONITOR_INTERVAL
+    assert cfg.max_restarts == 20
+    assert dict(cfg.rdzv_conf) == {
+        "join_timeout": "600",
+        "last_call_timeout": "2",
+        "close_timeout": "10",
+        "keep_alive_interval": "1",
+        "keep_alive_max_attempt": "3",
+        "heartbeat_timeout": "5",
+    }
+    assert cfg.monitor_interval == 0.5
+    # The chart's defaults (tests/charts/test_worker_env_settings.py checks them against a render).
+    assert (cfg.gate_timeout, cfg.grace_period, cfg.gate_peers) == (600, 90, True)
     assert cfg.mesh_interfaces == ("wg*",)
+    assert cfg.tls is None and cfg.rdzv_url.startswith("http://")
     assert cfg.key_prefix == "/elastic-job/default-run42"
     assert cfg.command == ("python", "train.py")
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -65,7 +75,7 @@ def test_every_setting_is_read() -> None:
     conf = dict(cfg.rdzv_conf)
     assert conf["last_call_timeout"] == "5"  # the chart's value wins over the default
     assert conf["read_timeout"] == "30"
-    assert conf["keep_alive_interval"] == dict(config.DEFAULT_RDZV_CONF)["keep_alive_interval"]
+    assert conf["keep_alive_interval"] == "1"  # the default's, for a key not given
     assert cfg.monitor_interval == 1.5
     assert cfg.gate_timeout == 120
     assert cfg.gate_peers and cfg.mesh_required and cfg.scale_down
@@ -96,6 +106,7 @@ def test_endpoint_forms(raw: str, host: str, port: int) -> None:
         ({"ELASTIC_RDZV_ENDPOINT": "etcd"}, "ELASTIC_RDZV_ENDPOINT='etcd' is not host:port"),
         ({"ELASTIC_RDZV_ENDPOINT": "etcd:99999"}, "ELASTIC_RDZV_ENDPOINT"),
         ({"ELASTIC_MIN_NODES": None}, "ELASTIC_MIN_NODES is not set"),
+        ({"ELASTIC_MAX_NODES": None}, "ELASTIC_MAX_NODES is not set"),
         ({"ELASTIC_MIN_NODES": "two"}, "ELASTIC_MIN_NODES='two' is not an integer"),
         ({"ELASTIC_MIN_NODES": "0"}, "ELASTIC_MIN_NODES=0 is below 1"),
         ({"ELASTIC_MAX_NODES": "1"}, "ELASTIC_MAX_NODES=1 is below ELASTIC_MIN_NODES=2"),

@@ -60,6 +60,19 @@ def complete_marker(etcd: EtcdServer, job: str) -> dict[str, str] | None:
     return None if value is None else dict(json.loads(value))
 
 
+ATTEMPT = re.compile(
+    r"^\[elastic-worker\] attempt run_id=\S+ restart=(\d+) group_rank=(\d+) nodes=(\d+) "
+)
+
+
+def rounds(agents: list[Agent]) -> list[int]:
+    """Nodes of each rendezvous round, in order, as the local run reads them from the
+    attempt lines (docs/contracts.md): one line with group_rank=0 per round."""
+    lines = sorted((t, line) for a in agents for t, line in list(a.lines))
+    found = [ATTEMPT.match(line) for _, line in lines]
+    return [int(m[3]) for m in found if m and m[2] == "0"]
+
+
 def group_rank(agent: Agent) -> str:
     for pid in descendants(agent.proc.pid):
         try:
@@ -91,6 +104,8 @@ def test_two_agents_train_to_the_end_while_a_spare_waits_then_exits_0(
         assert "[train] checkpoint step=15" in agent.train_lines()
     assert spares[0].train_lines() == []
     assert "is complete: exit 0" in spares[0].text() or "completed elsewhere" in spares[0].text()
+    assert rounds(agents) == [2]
+    assert [len([ln for _, ln in a.lines if ATTEMPT.match(ln)]) for a in trained] == [1, 1]
     marker = complete_marker(etcd, "two")
     assert marker is not None and marker["pod"] in {a.name for a in trained}
 
@@ -178,6 +193,7 @@ def test_a_killed_node_costs_one_restart_and_seconds(start_agent: Start, victim:
         assert max(restart for _, _, restart in after) == 1
         assert any(line.startswith("[train] resumed step=") for line in agent.train_lines(killed))
         assert agent.train_lines()[-1] == "[train] done step=50"
+    assert rounds(agents) == [3, 2]  # what the local run's summary counts
     assert took < 60  # measured ~9-10 s here (docs/recovery.md); generous for loaded CI
 
 

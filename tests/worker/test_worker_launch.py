@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from elastic_worker import config, launch
+from elastic_worker import config, exits, launch
 from elastic_worker.netif import Choice
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 from torch.distributed.launcher.api import LaunchConfig
@@ -44,6 +44,15 @@ def test_build_argv_is_the_full_torchrun_command() -> None:
         "--monitor-interval=0.5",
         f"--rdzv-conf={conf}",
         "--local-addr=198.18.0.7",
+        # The attempt shim (tests/worker/test_worker_attempt.py runs it), then the program
+        # as torchrun itself would start it.
+        "--no-python",
+        "sh",
+        "-c",
+        launch.attempt_script(None),
+        "elastic-worker-attempt",
+        "/py",
+        "-u",
         "/workspace/train.py",
         "--epochs",
         "3",
@@ -54,16 +63,25 @@ def test_build_argv_is_the_full_torchrun_command() -> None:
 @pytest.mark.parametrize(
     ("command", "expected"),
     [
-        (["python", "train.py", "--x"], ["train.py", "--x"]),
-        (["/usr/bin/python3.12", "train.py"], ["train.py"]),
-        (["python3", "-m", "pkg.train", "--lr", "1"], ["--module", "pkg.train", "--lr", "1"]),
-        (["python", "-u", "train.py"], ["--no-python", "python", "-u", "train.py"]),
-        (["train.py", "--steps", "5"], ["train.py", "--steps", "5"]),
-        (["/workspace/run.sh", "a"], ["--no-python", "/workspace/run.sh", "a"]),
+        (["python", "train.py", "--x"], ["/py", "-u", "train.py", "--x"]),
+        (["/usr/bin/python3.12", "train.py"], ["/py", "-u", "train.py"]),
+        (
+            ["python3", "-m", "pkg.train", "--lr", "1"],
+            ["/py", "-u", "-m", "pkg.train", "--lr", "1"],
+        ),
+        (["python", "-u", "train.py"], ["python", "-u", "train.py"]),
+        (["train.py", "--steps", "5"], ["/py", "-u", "train.py", "--steps", "5"]),
+        (["/workspace/run.sh", "a"], ["/workspace/run.sh", "a"]),
     ],
 )
-def test_command_args(command: list[str], expected: list[str]) -> None:
-    assert launch.command_args(command) == expected
+def test_program_argv_is_what_torchrun_would_run(command: list[str], expected: list[str]) -> None:
+    """torch.distributed.run without --no-python runs `sys.executable -u [-m] ...`."""
+    assert launch.program_argv(command, "/py") == expected
+
+
+def test_the_shim_keeps_pwd_as_torchrun_passes_it() -> None:
+    assert launch.attempt_script(None).endswith('unset PWD; exec "$@"')
+    assert launch.attempt_script("/work dir").endswith("PWD='/work dir'; exec \"$@\"")
 
 
 @pytest.mark.parametrize(("grace", "timeout"), [(1, 1), (5, 3), (30, 25), (60, 50), (600, 590)])
@@ -100,8 +118,8 @@ def test_local_address_precedence() -> None:
 
 
 def test_exit_code_maps_signals_like_a_shell() -> None:
-    assert launch.exit_code(-15) == 143
-    assert launch.exit_code(3) == 3
+    assert exits.from_returncode(-15) == 143
+    assert exits.from_returncode(3) == 3
 
 
 def test_torch_reads_the_variables_build_env_sets(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,17 +8,13 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime, timezone
-from pathlib import Path
 
 from elastic_worker import etcdv2
-from elastic_worker.config import Config
+from elastic_worker.config import Config, KubeApi
 
 logger = logging.getLogger(__name__)
-
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 def complete_key(config: Config) -> str:
@@ -60,33 +56,6 @@ def wait_complete(
         if clock() >= deadline:
             return False
         time.sleep(poll_every)
-
-
-@dataclass(frozen=True)
-class KubeApi:
-    """Where and how to reach the API server (in-cluster by default; injectable in tests)."""
-
-    base_url: str
-    token: str
-    ca_file: str | None
-
-    @classmethod
-    def in_cluster(cls, env: Mapping[str, str]) -> KubeApi | None:
-        """From the kubelet's variables and service-account files (the directory can be
-        moved with ELASTIC_SERVICEACCOUNT_DIR, for local runs and tests)."""
-        sa_dir = Path(env.get("ELASTIC_SERVICEACCOUNT_DIR") or SERVICE_ACCOUNT)
-        host = env.get("KUBERNETES_SERVICE_HOST", "")
-        port = env.get("KUBERNETES_SERVICE_PORT", "443")
-        try:
-            token = (sa_dir / "token").read_text().strip()
-        except OSError:
-            return None
-        if not host:
-            return None
-        if ":" in host:
-            host = f"[{host}]"
-        ca = sa_dir / "ca.crt"
-        return cls(f"https://{host}:{port}", token, str(ca) if ca.exists() else None)
 
 
 def scale_to_zero(api: KubeApi, namespace: str, names: tuple[str, ...], timeout: float = 10) -> int:

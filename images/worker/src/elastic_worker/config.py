@@ -1,8 +1,9 @@
-"""The chart's settings (environment, then /etc/inject/env) as one frozen object.
+"""The worker's settings (environment, then /etc/inject/env) as one frozen object.
 
-`load()` reads everything once; nothing below it reads os.environ for a setting. A bad
-or missing setting raises ConfigError with one line naming the variable and saying
-what to do; main() prints it and exits 2 (docs/contracts.md).
+Every variable is defined once in settings.py (name, kind, default); `load()` reads
+them all through that table, once, and nothing else in the package reads a setting from
+os.environ. A bad or missing setting raises ConfigError with one line naming the
+variable and saying what to do; main() prints it and exits 2 (exits.py).
 """
 
 from __future__ import annotations
@@ -11,28 +12,13 @@ import fnmatch
 import os
 import re
 import socket
+import ssl
 from collections.abc import Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastic_worker import envfile
-
-# Rendezvous settings the entrypoint applies for every key the chart did not set.
-# docs/recovery.md explains each value and how it was measured.
-DEFAULT_RDZV_CONF: tuple[tuple[str, str], ...] = (
-    ("join_timeout", "600"),
-    ("last_call_timeout", "2"),
-    ("close_timeout", "10"),
-    ("keep_alive_interval", "1"),
-    ("keep_alive_max_attempt", "3"),
-    ("heartbeat_timeout", "5"),
-)
-DEFAULT_MONITOR_INTERVAL = 0.5
-DEFAULT_MAX_RESTARTS = 20
-DEFAULT_GATE_TIMEOUT = 300.0
-DEFAULT_GRACE_PERIOD = 30
-DEFAULT_INJECT_ENV = "/etc/inject/env"
-DEFAULT_MESH_INTERFACES = ("wg*",)
+from elastic_worker.settings import BY_NAME, RDZV_CONF_DEFAULT, Kind, Setting
 
 # Keys torch's etcd-v2 rendezvous reads from --rdzv-conf (torch 2.13).
 KNOWN_RDZV_KEYS = frozenset(
@@ -71,9 +57,65 @@ class Endpoint:
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
-    @property
-    def url(self) -> str:
-        return f"http://{self}"
+
+# The chart value behind each TLS key of ELASTIC_RDZV_CONF (charts/elastic-job
+# `elastic-job.rdzvConf`): named in errors so that a user knows which value to fix.
+_TLS_CHART_VALUE = {
+    "protocol": "rendezvous.tls.enabled",
+    "ca_cert": "rendezvous.tls.caSecret",
+    "ssl_cert": "rendezvous.tls.clientCertSecret",
+    "ssl_cert_key": "rendezvous.tls.clientCertSecret",
+}
+
+
+@dataclass(frozen=True)
+class RdzvTls:
+    """HTTPS to etcd, read from the --rdzv-conf keys torch's etcd-v2 handler reads
+    (`protocol`, `ca_cert`, `ssl_cert`, `ssl_cert_key`), so that the worker's own client
+    and torch's always use the same CA and client certificate."""
+
+    ca_cert: str | None
+    cert: str | None
+    key: str | None
+
+    @staticmethod
+    def setting(key: str) -> str:
+        """How a user finds the setting behind an rdzv-conf key, for error lines."""
+        return f"ELASTIC_RDZV_CONF {key} (chart: {_TLS_CHART_VALUE[key]})"
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The worker client's TLS context, as torch's handler builds its own: `ca_cert`
+        (else the system's CAs), `ssl_cert` with `ssl_cert_key` (or a PEM holding both).
+        The files are read here, when the client is made, not when settings are parsed:
+        they are Secret volumes of the pod. A file that cannot be used is a ConfigError."""
+        ca = _tls_file("ca_cert", self.ca_cert) if self.ca_cert else None
+        try:
+            context = ssl.create_default_context(cafile=ca)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"{self.setting('ca_cert')}: {ca} holds no usable CA: {exc}"
+            ) from None
+        if self.cert is not None:
+            cert = _tls_file("ssl_cert", self.cert)
+            key = _tls_file("ssl_cert_key", self.key) if self.key else None
+            try:
+                context.load_cert_chain(cert, key)
+            except (ssl.SSLError, OSError) as exc:
+                with_key = f" with {key}" if key else ""
+                raise ConfigError(
+                    f"{self.setting('ssl_cert')}: cannot load {cert}{with_key}: {exc}"
+                ) from None
+        return context
+
+
+@dataclass(frozen=True)
+class KubeApi:
+    """Where and how to reach the API server (in-cluster; the directory of the token and
+    CA can be moved with ELASTIC_SERVICEACCOUNT_DIR, for local runs and tests)."""
+
+    base_url: str
+    token: str = field(repr=False)
+    ca_file: str | None
 
 
 @dataclass(frozen=True)
@@ -100,7 +142,15 @@ class Config:
     local_addr: str
     nccl_socket_ifname: str
     gloo_socket_ifname: str
+    kube_api: KubeApi | None
+    debug: bool
     command: tuple[str, ...]
+    tls: RdzvTls | None
+
+    @property
+    def rdzv_url(self) -> str:
+        """The base URL of the worker's own etcd client: https exactly when torch's is."""
+        return f"{'https' if self.tls else 'http'}://{self.endpoint}"
 
     @property
     def key_prefix(self) -> str:
@@ -111,19 +161,30 @@ class Config:
         return any(fnmatch.fnmatchcase(ifname, glob) for glob in self.mesh_interfaces)
 
 
-def _req(env: Mapping[str, str], name: str, hint: str) -> str:
-    value = env.get(name, "").strip()
-    if not value:
-        raise ConfigError(f"{name} is not set: {hint}")
-    return value
+_REQUIRED_HINT = {
+    "ELASTIC_JOB_ID": "set job.id or install through the chart",
+    "ELASTIC_RDZV_ENDPOINT": "give the etcd host:port",
+    "ELASTIC_MIN_NODES": "give an integer >= 1",
+    "ELASTIC_MAX_NODES": "give an integer >= 1",
+}
 
 
-def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int) -> int:
+def text(env: Mapping[str, str], name: str) -> str:
+    """The variable as set (stripped), else its default from settings.py; a required
+    variable that is unset or empty is a ConfigError."""
+    setting: Setting = BY_NAME[name]
     raw = env.get(name, "").strip()
-    if not raw:
-        if default is None:
-            raise ConfigError(f"{name} is not set: give an integer >= {minimum}")
-        return default
+    if raw:
+        return raw
+    if setting.default is None:
+        hint = _REQUIRED_HINT.get(name, f"give {setting.kind.value}")
+        raise ConfigError(f"{name} is not set: {hint}")
+    return setting.default
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    minimum = 0 if BY_NAME[name].kind is Kind.COUNT0 else 1
+    raw = text(env, name)
     try:
         value = int(raw)
     except ValueError:
@@ -133,10 +194,8 @@ def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int) -
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
+def _seconds(env: Mapping[str, str], name: str) -> float:
+    raw = text(env, name)
     try:
         value = float(raw)
     except ValueError:
@@ -146,11 +205,9 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = env.get(name)
-    if raw is None:
-        return default
-    low = raw.strip().lower()
+def _bool(env: Mapping[str, str], name: str) -> bool:
+    raw = text(env, name)
+    low = raw.lower()
     if low in _TRUE:
         return True
     if low in _FALSE:
@@ -159,7 +216,7 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
-    return tuple(item.strip() for item in env.get(name, "").split(",") if item.strip())
+    return tuple(item.strip() for item in text(env, name).split(",") if item.strip())
 
 
 def parse_endpoint(raw: str, name: str = "ELASTIC_RDZV_ENDPOINT") -> Endpoint:
@@ -180,8 +237,7 @@ def parse_endpoint(raw: str, name: str = "ELASTIC_RDZV_ENDPOINT") -> Endpoint:
     return Endpoint(host, int(port_text))
 
 
-def parse_rdzv_conf(raw: str, name: str = "ELASTIC_RDZV_CONF") -> tuple[tuple[str, str], ...]:
-    """`k=v,k=v` into ordered pairs; DEFAULT_RDZV_CONF fills the keys not given."""
+def _pairs(raw: str, name: str) -> dict[str, str]:
     given: dict[str, str] = {}
     for item in (part.strip() for part in raw.split(",")):
         if not item:
@@ -194,13 +250,52 @@ def parse_rdzv_conf(raw: str, name: str = "ELASTIC_RDZV_CONF") -> tuple[tuple[st
             known = ", ".join(sorted(KNOWN_RDZV_KEYS))
             raise ConfigError(f"{name}: unknown key {key!r}; torch's etcd-v2 reads: {known}")
         given[key] = value
-    merged = dict(DEFAULT_RDZV_CONF)
-    merged.update(given)
+    return given
+
+
+def parse_rdzv_conf(raw: str, name: str = "ELASTIC_RDZV_CONF") -> tuple[tuple[str, str], ...]:
+    """`k=v,k=v` into ordered pairs; the default's pairs fill the keys not given."""
+    merged = _pairs(RDZV_CONF_DEFAULT, name)
+    merged.update(_pairs(raw, name))
     return tuple(merged.items())
 
 
+def _tls_file(key: str, path: str) -> str:
+    if not os.access(path, os.R_OK):
+        why = "does not exist" if not os.path.exists(path) else "is not readable"
+        raise ConfigError(
+            f"{RdzvTls.setting(key)}: {path} {why}; mount the Secret there or fix the path"
+        )
+    return path
+
+
+def parse_tls(conf: Sequence[tuple[str, str]]) -> RdzvTls | None:
+    """The TLS of the rendezvous from the rdzv-conf pairs; None for plain HTTP.
+
+    Mirrors torch's etcd-v2 `_create_etcd_client`: `protocol` is http or https (any
+    case); `ssl_cert` alone is a PEM holding certificate and key.
+    """
+    given = dict(conf)
+    protocol = given.get("protocol", "http").strip().lower()
+    if protocol not in {"http", "https"}:
+        raise ConfigError(f"ELASTIC_RDZV_CONF: protocol={given['protocol']!r}: use http or https")
+    files = [k for k in ("ca_cert", "ssl_cert", "ssl_cert_key") if k in given]
+    if protocol == "http":
+        if files:
+            raise ConfigError(
+                f"ELASTIC_RDZV_CONF: {files[0]} is set but protocol is http: add "
+                "protocol=https (chart: rendezvous.tls.enabled) or remove it"
+            )
+        return None
+    if "ssl_cert_key" in given and "ssl_cert" not in given:
+        raise ConfigError(
+            f"{RdzvTls.setting('ssl_cert_key')} is set without ssl_cert: give the certificate too"
+        )
+    return RdzvTls(given.get("ca_cert"), given.get("ssl_cert"), given.get("ssl_cert_key"))
+
+
 def _nproc(env: Mapping[str, str]) -> str:
-    raw = env.get("ELASTIC_NPROC_PER_NODE", "").strip() or "1"
+    raw = text(env, "ELASTIC_NPROC_PER_NODE")
     if raw in {"auto", "cpu", "gpu"} or (raw.isdigit() and int(raw) >= 1):
         return raw
     raise ConfigError(f"ELASTIC_NPROC_PER_NODE={raw!r}: give an integer >= 1, auto, cpu or gpu")
@@ -212,7 +307,7 @@ def load(
 ) -> Config:
     """Merge /etc/inject/env into `environ` (never overriding) and build the Config."""
     env = os.environ if environ is None else environ
-    inject = Path(env.get("ELASTIC_INJECT_ENV", "").strip() or DEFAULT_INJECT_ENV)
+    inject = Path(text(env, "ELASTIC_INJECT_ENV"))
     try:
         envfile.merge(envfile.read(inject), env)
     except envfile.EnvFileError as exc:
@@ -223,15 +318,15 @@ def load(
     if not argv:
         raise ConfigError("no training command: pass it as arguments (job.command)")
 
-    job_id = _req(env, "ELASTIC_JOB_ID", "set job.id or install through the chart")
+    job_id = text(env, "ELASTIC_JOB_ID")
     if not _JOB_ID.fullmatch(job_id):
         raise ConfigError(
             f"ELASTIC_JOB_ID={job_id!r}: use 1-63 letters, digits, '.', '_' or '-', "
             "starting and ending with a letter or digit"
         )
-    endpoint = parse_endpoint(_req(env, "ELASTIC_RDZV_ENDPOINT", "give the etcd host:port"))
-    min_nodes = _int(env, "ELASTIC_MIN_NODES", None, 1)
-    max_nodes = _int(env, "ELASTIC_MAX_NODES", min_nodes, 1)
+    endpoint = parse_endpoint(text(env, "ELASTIC_RDZV_ENDPOINT"))
+    min_nodes = _int(env, "ELASTIC_MIN_NODES")
+    max_nodes = _int(env, "ELASTIC_MAX_NODES")
     if max_nodes < min_nodes:
         raise ConfigError(
             f"ELASTIC_MAX_NODES={max_nodes} is below ELASTIC_MIN_NODES={min_nodes}: "
@@ -241,11 +336,12 @@ def load(
     for name in statefulsets:
         if not _NAME.fullmatch(name):
             raise ConfigError(f"ELASTIC_STATEFULSETS: {name!r} is not a Kubernetes name")
-    mesh = _list(env, "ELASTIC_MESH_INTERFACES") or DEFAULT_MESH_INTERFACES
-    pod_name = env.get("POD_NAME", "").strip() or socket.gethostname()
+    pod_name = text(env, "POD_NAME") or socket.gethostname()
     if "/" in pod_name:
         raise ConfigError(f"POD_NAME={pod_name!r} must not contain '/'")
-    grace = _int(env, "ELASTIC_GRACE_PERIOD", DEFAULT_GRACE_PERIOD, 1)
+    rdzv_conf = parse_rdzv_conf(text(env, "ELASTIC_RDZV_CONF"))
+    # "," alone is no glob: the default's, as for an empty value.
+    mesh = _list(env, "ELASTIC_MESH_INTERFACES") or _list({}, "ELASTIC_MESH_INTERFACES")
 
     return Config(
         job_id=job_id,
@@ -253,22 +349,42 @@ def load(
         min_nodes=min_nodes,
         max_nodes=max_nodes,
         nproc_per_node=_nproc(env),
-        max_restarts=_int(env, "ELASTIC_MAX_RESTARTS", DEFAULT_MAX_RESTARTS, 0),
-        rdzv_conf=parse_rdzv_conf(env.get("ELASTIC_RDZV_CONF", "")),
-        monitor_interval=_float(env, "ELASTIC_MONITOR_INTERVAL", DEFAULT_MONITOR_INTERVAL),
-        gate_timeout=_float(env, "ELASTIC_GATE_TIMEOUT", DEFAULT_GATE_TIMEOUT),
-        gate_peers=_bool(env, "ELASTIC_GATE_PEERS", False),
+        max_restarts=_int(env, "ELASTIC_MAX_RESTARTS"),
+        rdzv_conf=rdzv_conf,
+        tls=parse_tls(rdzv_conf),
+        monitor_interval=_seconds(env, "ELASTIC_MONITOR_INTERVAL"),
+        gate_timeout=_seconds(env, "ELASTIC_GATE_TIMEOUT"),
+        gate_peers=_bool(env, "ELASTIC_GATE_PEERS"),
         mesh_interfaces=mesh,
-        mesh_required=_bool(env, "ELASTIC_MESH_REQUIRED", False),
+        mesh_required=_bool(env, "ELASTIC_MESH_REQUIRED"),
         inject_env=inject,
-        grace_period=grace,
-        scale_down=_bool(env, "ELASTIC_SCALE_DOWN", False),
+        grace_period=_int(env, "ELASTIC_GRACE_PERIOD"),
+        scale_down=_bool(env, "ELASTIC_SCALE_DOWN"),
         statefulsets=statefulsets,
         pod_name=pod_name,
-        pod_namespace=env.get("POD_NAMESPACE", "").strip(),
-        pod_ip=env.get("POD_IP", "").strip(),
-        local_addr=env.get("ELASTIC_LOCAL_ADDR", "").strip(),
-        nccl_socket_ifname=env.get("NCCL_SOCKET_IFNAME", "").strip(),
-        gloo_socket_ifname=env.get("GLOO_SOCKET_IFNAME", "").strip(),
+        pod_namespace=text(env, "POD_NAMESPACE"),
+        pod_ip=text(env, "POD_IP"),
+        local_addr=text(env, "ELASTIC_LOCAL_ADDR"),
+        nccl_socket_ifname=text(env, "NCCL_SOCKET_IFNAME"),
+        gloo_socket_ifname=text(env, "GLOO_SOCKET_IFNAME"),
+        kube_api=_kube_api(env),
+        debug=_bool(env, "ELASTIC_DEBUG"),
         command=tuple(argv),
     )
+
+
+def _kube_api(env: Mapping[str, str]) -> KubeApi | None:
+    """In-cluster API access as the kubelet provides it; None without a host or token."""
+    host = text(env, "KUBERNETES_SERVICE_HOST")
+    sa_dir = Path(text(env, "ELASTIC_SERVICEACCOUNT_DIR"))
+    try:
+        token = (sa_dir / "token").read_text().strip()
+    except OSError:
+        return None
+    if not host:
+        return None
+    if ":" in host:
+        host = f"[{host}]"
+    ca = sa_dir / "ca.crt"
+    port = text(env, "KUBERNETES_SERVICE_PORT")
+    return KubeApi(f"https://{host}:{port}", token, str(ca) if ca.exists() else None)

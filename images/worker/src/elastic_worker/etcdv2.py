@@ -9,13 +9,18 @@ HTTP API directly and can tell "no v2 API" (a plain-text 404, etcd 3.6 or
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import logging
+import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
+
+from elastic_worker.config import Config
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +40,52 @@ class Unavailable(EtcdError):
 
 class NoV2Api(EtcdError):
     """The server answers HTTP but has no v2 keys API (etcd 3.6+, --enable-v2=false)."""
+
+
+class TlsRefused(EtcdError):
+    """TLS cannot work with these settings; waiting does not help.
+
+    `side` says whose certificate or protocol failed: "server" (this worker does not
+    trust etcd's certificate), "client" (etcd refused this worker's certificate, or
+    wants one) or "protocol" (https to a server that speaks plain HTTP)."""
+
+    def __init__(self, side: str, detail: str) -> None:
+        super().__init__(detail)
+        self.side = side
+
+
+# OpenSSL's names for the alerts a server sends when it refuses the client certificate.
+_CLIENT_CERT_ALERTS = (
+    "CERTIFICATE_REQUIRED",
+    "BAD_CERTIFICATE",
+    "UNKNOWN_CA",
+    "CERTIFICATE_UNKNOWN",
+    "HANDSHAKE_FAILURE",
+    "CERTIFICATE_EXPIRED",
+    "CERTIFICATE_REVOKED",
+    "UNSUPPORTED_CERTIFICATE",
+    "ACCESS_DENIED",
+)
+
+
+#: How long a TLS server must drop every connection the same way (and at least 3 times)
+#: before it counts as a refusal: one drop without an alert can be a restart or a proxy
+#: starting up; the same drop for seconds on end is not.
+TLS_DROPS_TO_REFUSE = 3
+TLS_DROP_SECONDS = 5.0
+
+
+def _tls_refusal(reason: object) -> TlsRefused | None:
+    """A refusal the error itself proves (an alert, a certificate that fails to verify)."""
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        return TlsRefused("server", str(reason.verify_message or reason))
+    if isinstance(reason, ssl.SSLError):
+        name = str(reason.reason or "")
+        if name == "WRONG_VERSION_NUMBER":
+            return TlsRefused("protocol", "the server does not speak TLS")
+        if any(alert in name for alert in _CLIENT_CERT_ALERTS):
+            return TlsRefused("client", f"the server sent {name}")
+    return None
 
 
 class KeyNotFound(EtcdError):
@@ -65,9 +116,53 @@ def _node(data: dict[str, Any]) -> Node:
 
 
 class Client:
-    def __init__(self, base_url: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """`context` is the TLS context for an https `base_url` (config.RdzvTls.context)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        *,
+        context: ssl.SSLContext | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.context = context
+        self._drops: tuple[str, int, float] = ("", 0, 0.0)  # side, count, first drop
+
+    def _tls_drop(self, exc: BaseException, reason: object) -> TlsRefused | None:
+        """Connections closed without a word, counted; a refusal after a streak.
+
+        Whether the alert of a refused client certificate reaches us depends on timing
+        (the server closes while our request is in flight), so a drop right after the
+        handshake is counted as one: `client`. A drop during the handshake is a server
+        that does not answer TLS: `protocol`. urlopen wraps errors of the connection
+        (handshake) in URLError, not those of the response.
+        """
+        if self.context is None or not isinstance(
+            reason, ssl.SSLEOFError | ssl.SSLZeroReturnError | ConnectionResetError
+        ):
+            self._drops = ("", 0, 0.0)
+            return None
+        side = "protocol" if isinstance(exc, urllib.error.URLError) else "client"
+        now = time.monotonic()
+        last_side, count, first = self._drops
+        self._drops = (side, count + 1, first) if last_side == side else (side, 1, now)
+        _, count, first = self._drops
+        if count < TLS_DROPS_TO_REFUSE or now - first < TLS_DROP_SECONDS:
+            return None
+        seconds = f"{now - first:.0f} s"
+        if side == "protocol":
+            what = f"the server closed every TLS handshake for {seconds}: it seems not to speak TLS"
+            return TlsRefused(side, what)
+        what = f"the server closed every connection after the handshake for {seconds}"
+        return TlsRefused(side, what)
+
+    def _open(self, req: urllib.request.Request | str) -> http.client.HTTPResponse:
+        resp: http.client.HTTPResponse = urllib.request.urlopen(
+            req, timeout=self.timeout, context=self.context
+        )
+        return resp
 
     def _request(
         self,
@@ -84,30 +179,47 @@ class Client:
         if body is not None:
             req.add_header("Content-Type", "application/x-www-form-urlencoded")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with self._open(req) as resp:
+                self._drops = ("", 0, 0.0)
                 return dict(json.loads(resp.read() or b"{}"))
         except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            try:
-                data = json.loads(raw)
-            except ValueError:
-                data = None
-            if not isinstance(data, dict) or "errorCode" not in data:
-                if exc.code in (404, 405):
-                    raise NoV2Api(f"{self.base_url} has no etcd v2 API (HTTP {exc.code})") from None
-                raise Unavailable(f"{self.base_url}: HTTP {exc.code}") from None
-            code = int(data["errorCode"])
-            message = f"{data.get('message', '')} ({data.get('cause', key)})"
-            if code == _KEY_NOT_FOUND:
-                raise KeyNotFound(message) from None
-            if code == _NODE_EXISTS:
-                raise NodeExists(message) from None
-            if code == _COMPARE_FAILED:
-                raise CompareFailed(message) from None
-            raise EtcdError(f"etcd error {code}: {message}") from None
+            self._drops = ("", 0, 0.0)
+            raise self._http_error(exc, key) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise Unavailable(f"{self.base_url}: {reason}") from None
+            raise self._connection_error(exc) from None
+
+    def _http_error(self, exc: urllib.error.HTTPError, key: str) -> EtcdError:
+        """etcd's JSON error as its exception; a 404 without one means no v2 API."""
+        try:
+            data = json.loads(exc.read())
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or "errorCode" not in data:
+            if exc.code in (404, 405):
+                return NoV2Api(f"{self.base_url} has no etcd v2 API (HTTP {exc.code})")
+            return Unavailable(f"{self.base_url}: HTTP {exc.code}")
+        code = int(data["errorCode"])
+        message = f"{data.get('message', '')} ({data.get('cause', key)})"
+        known: dict[int, type[EtcdError]] = {
+            _KEY_NOT_FOUND: KeyNotFound,
+            _NODE_EXISTS: NodeExists,
+            _COMPARE_FAILED: CompareFailed,
+        }
+        if code in known:
+            return known[code](message)
+        return EtcdError(f"etcd error {code}: {message}")
+
+    def _connection_error(self, exc: Exception) -> EtcdError:
+        # urlopen wraps errors of the request (the TLS handshake) in URLError, not
+        # those of the response (a TLS 1.3 alert after the handshake).
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        refusal = _tls_refusal(reason) or self._tls_drop(exc, reason)
+        if refusal is not None:
+            return refusal
+        if isinstance(reason, http.client.RemoteDisconnected) and self.context is None:
+            # What a TLS-only etcd does to plain HTTP: say so while the gate waits.
+            reason = f"{reason} (does etcd serve only HTTPS? then enable TLS)"
+        return Unavailable(f"{self.base_url}: {reason}")
 
     def get(self, key: str, *, recursive: bool = False) -> Node:
         query = {"recursive": "true"} if recursive else None
@@ -160,7 +272,14 @@ class Client:
     def server_version(self) -> str:
         """etcd's /version, e.g. '3.6.0', or '' when it cannot be read."""
         try:
-            with urllib.request.urlopen(f"{self.base_url}/version", timeout=self.timeout) as r:
+            with self._open(f"{self.base_url}/version") as r:
                 return str(json.loads(r.read()).get("etcdserver", ""))
         except (urllib.error.URLError, OSError, ValueError):
             return ""
+
+
+def connect(config: Config) -> Client:
+    """The worker's client for the job's etcd: https with the CA and client certificate
+    torch's handler is given (config.RdzvTls), plain http when torch's is. Raises
+    config.ConfigError when a TLS file cannot be used."""
+    return Client(config.rdzv_url, context=config.tls.ssl_context() if config.tls else None)

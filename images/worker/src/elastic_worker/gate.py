@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from elastic_worker import etcdv2, netif
-from elastic_worker.config import Config
+from elastic_worker import etcdv2, exits, netif
+from elastic_worker.config import Config, RdzvTls
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,11 @@ POLL_EVERY = 0.5
 
 
 class Fatal(Exception):
-    """Waiting cannot help (e.g. the endpoint has no v2 API)."""
+    """Waiting cannot help (no v2 API, TLS refused); `exit_code` is the process's."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class GateTimeout(Exception):
@@ -105,17 +109,48 @@ class Resolver:
         return True, ""
 
 
-def etcd_v2_probe(client: etcdv2.Client) -> Callable[[], CheckResult]:
+def tls_refused_message(exc: etcdv2.TlsRefused, config: Config) -> str:
+    """One line naming the setting to fix, as the user sets it (ELASTIC_RDZV_CONF, and
+    the chart value behind it)."""
+    url = config.rdzv_url
+    tls = config.tls
+    if exc.side == "protocol":
+        return (
+            f"rendezvous endpoint {url}: {exc}; {RdzvTls.setting('protocol')} says https: "
+            "enable TLS on etcd or drop protocol=https"
+        )
+    if exc.side == "server":
+        where = f"={tls.ca_cert}" if tls and tls.ca_cert else " is not set (system CAs used)"
+        return (
+            f"rendezvous endpoint {url}: etcd's certificate is not trusted ({exc}): "
+            f"{RdzvTls.setting('ca_cert')}{where}; give the CA that signed etcd's certificate"
+        )
+    if tls is None or tls.cert is None:
+        return (
+            f"rendezvous endpoint {url}: etcd requires a client certificate ({exc}) and "
+            f"{RdzvTls.setting('ssl_cert')} is not set; give one signed by etcd's trusted CA"
+        )
+    return (
+        f"rendezvous endpoint {url}: etcd refused this worker's client certificate ({exc}): "
+        f"{RdzvTls.setting('ssl_cert')}={tls.cert} must be signed by a CA etcd trusts "
+        "(its --trusted-ca-file) and not expired"
+    )
+
+
+def etcd_v2_probe(client: etcdv2.Client, config: Config) -> Callable[[], CheckResult]:
     def probe() -> CheckResult:
         try:
             client.check_v2()
+        except etcdv2.TlsRefused as exc:
+            raise Fatal(tls_refused_message(exc, config), exits.CONFIG) from None
         except etcdv2.NoV2Api:
             version = client.server_version()
             what = f"etcd {version}" if version else "the server"
             raise Fatal(
                 f"rendezvous endpoint {client.base_url} has no etcd v2 API ({what} answers "
                 "404 on /v2/keys): torch's etcd-v2 rendezvous needs etcd 3.5 with "
-                "--enable-v2=true (etcd 3.6 removed the v2 API)"
+                "--enable-v2=true (etcd 3.6 removed the v2 API)",
+                exits.NO_V2,
             ) from None
         except etcdv2.EtcdError as exc:
             return False, str(exc)

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from elastic_worker import completion, etcdv2
+from elastic_worker import completion, etcdv2, exits
 from elastic_worker.config import Config
 from elastic_worker.netif import Choice
 
@@ -43,12 +44,28 @@ def shutdown_timeout(grace_period: int) -> int:
     return max(1, grace_period - margin)
 
 
-def command_args(command: Sequence[str]) -> list[str]:
-    """The user's command as torchrun's trailing arguments.
+# Run by torchrun for every worker process of every attempt, with torchrun's documented
+# worker environment (pinned by tests/worker/test_worker_attempt.py): local rank 0 writes
+# one line (docs/contracts.md, "The attempt line"), then the shell execs the program,
+# which keeps the PID torchrun started, its signals, exit code, output and environment.
+ATTEMPT_LINE = (
+    'if [ "${LOCAL_RANK:-}" = 0 ]; then '
+    "printf '[elastic-worker] attempt run_id=%s restart=%s group_rank=%s nodes=%s "
+    'world_size=%s\\n\' "${TORCHELASTIC_RUN_ID:-}" "${TORCHELASTIC_RESTART_COUNT:-}" '
+    '"${GROUP_RANK:-}" "$(( ${WORLD_SIZE:-0} / ${LOCAL_WORLD_SIZE:-1} ))" '
+    '"${WORLD_SIZE:-}" >&2; fi; '
+)
+ATTEMPT_ARGV0 = "elastic-worker-attempt"
 
-    `python script.py a` -> `script.py a`; `python -m pkg a` -> `--module pkg a`;
-    `script.py a` -> `script.py a`; anything else (a binary, `python -u x.py`)
-    -> `--no-python cmd...`.
+
+def program_argv(command: Sequence[str], python: str) -> list[str]:
+    """The argv torchrun itself would give the user's program (torch.distributed.run:
+    `python -u` in front of a script or `-m module`), so that wrapping it in the attempt
+    shim changes nothing the program sees.
+
+    `python script.py a` -> `PY -u script.py a`; `python -m pkg a` -> `PY -u -m pkg a`;
+    `script.py a` -> `PY -u script.py a`; anything else (a binary, `python -u x.py`)
+    -> the command as given.
     """
     cmd = list(command)
     if not cmd:
@@ -56,13 +73,27 @@ def command_args(command: Sequence[str]) -> list[str]:
     if _PYTHON.fullmatch(os.path.basename(cmd[0])):
         rest = cmd[1:]
         if len(rest) >= 2 and rest[0] == "-m":
-            return ["--module", *rest[1:]]
+            return [python, "-u", *rest]
         if rest and not rest[0].startswith("-"):
-            return rest
-        return ["--no-python", *cmd]
-    if cmd[0].endswith(".py"):
+            return [python, "-u", *rest]
         return cmd
-    return ["--no-python", *cmd]
+    if cmd[0].endswith(".py"):
+        return [python, "-u", *cmd]
+    return cmd
+
+
+def attempt_script(pwd: str | None) -> str:
+    """The shim's script. `pwd` is PWD in torchrun's environment (None: unset): the shell
+    sets PWD to its working directory when it is unset or stale, so the script puts back
+    what the program would have inherited from torchrun."""
+    restore = "unset PWD; " if pwd is None else f"PWD={shlex.quote(pwd)}; "
+    return ATTEMPT_LINE + restore + 'exec "$@"'
+
+
+def command_args(command: Sequence[str], python: str, pwd: str | None = None) -> list[str]:
+    """torchrun's trailing arguments: the attempt shim in front of the program."""
+    shim = ["sh", "-c", attempt_script(pwd), ATTEMPT_ARGV0]
+    return ["--no-python", *shim, *program_argv(command, python)]
 
 
 def rdzv_conf_arg(pairs: Sequence[tuple[str, str]]) -> str:
@@ -90,8 +121,10 @@ def build_argv(
     python: str = sys.executable,
     *,
     rdzv_id: str | None = None,
+    pwd: str | None = None,
 ) -> list[str]:
-    """torchrun's command line; `rdzv_id` defaults to the job id (epoch 0, epoch.py)."""
+    """torchrun's command line; `rdzv_id` defaults to the job id (epoch 0, epoch.py),
+    `pwd` is PWD in torchrun's environment (attempt_script)."""
     argv = [
         python,
         "-m",
@@ -108,7 +141,7 @@ def build_argv(
         argv.append(f"--rdzv-conf={rdzv_conf_arg(config.rdzv_conf)}")
     if local_addr:
         argv.append(f"--local-addr={local_addr}")
-    return argv + command_args(config.command)
+    return argv + command_args(config.command, python, pwd)
 
 
 def build_env(
@@ -134,10 +167,6 @@ def build_env(
     env = dict(base)
     env.update(added)
     return env, added
-
-
-def exit_code(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
 
 
 class Supervisor:
@@ -226,7 +255,7 @@ class Supervisor:
         if returncode == 0:
             self._mark_complete()
             return 0
-        code = exit_code(returncode)
+        code = exits.from_returncode(returncode)
         if self.signalled is not None:
             # The first pod to finish scales the StatefulSets to 0, so pods that are still
             # leaving get SIGTERM; the job is done, and so are they: exit 0.
@@ -271,7 +300,7 @@ class Supervisor:
                     return
                 time.sleep(1)
         if self.config.scale_down and self.config.statefulsets:
-            api = completion.KubeApi.in_cluster(os.environ)
+            api = self.config.kube_api
             if api is None:
                 logger.warning("ELASTIC_SCALE_DOWN is true but no in-cluster API access")
             elif not self.config.pod_namespace:

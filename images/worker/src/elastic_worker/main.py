@@ -3,8 +3,7 @@
     elastic-worker python /workspace/train.py --epochs 3
 
 Settings come from the environment the chart sets and /etc/inject/env
-(docs/contracts.md). Exit codes: 0 success or job already complete; 2 bad setting;
-3 readiness gate timed out; 4 endpoint has no etcd v2 API; otherwise torchrun's code.
+(docs/contracts.md); exit codes are in exits.py.
 """
 
 from __future__ import annotations
@@ -18,64 +17,100 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import FrameType
 
-from elastic_worker import completion, config, epoch, etcdv2, gate, launch, netif
+from elastic_worker import completion, config, epoch, etcdv2, exits, gate, launch, netif
 
 logger = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_CONFIG = 2
-EXIT_GATE_TIMEOUT = 3
-EXIT_NO_V2 = 4
+
+class _Exit(Exception):
+    """Leave main() with `code`; the step that raises it has logged why."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
 
 
-def setup_logging() -> None:
+@dataclass
+class _Relay:
+    """What the signal handler needs: the stop flag and the torchrun to forward to."""
+
+    stop: threading.Event
+    supervisor: launch.Supervisor | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.stop.set()
+        if self.supervisor is not None:
+            self.supervisor.forward(signum)
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """What the gate established: the interface choice and this node's address."""
+
+    choice: netif.Choice | None
+    local_addr: str | None
+    registration: gate.Registration | None
+
+
+def setup_logging(debug: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("elastic-worker: %(message)s"))
     root = logging.getLogger("elastic_worker")
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if os.environ.get("ELASTIC_DEBUG") == "true" else logging.INFO)
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
     root.propagate = False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     setup_logging()
-    args = list(sys.argv[1:] if argv is None else argv)
-    stop = threading.Event()
-    supervisor: launch.Supervisor | None = None
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-        if supervisor is not None:
-            supervisor.forward(signum)
-
+    relay = _Relay(threading.Event())
     for sig in launch.FORWARDED_SIGNALS:
-        signal.signal(sig, on_signal)
+        signal.signal(sig, relay)
+    try:
+        cfg, client = _load(list(sys.argv[1:] if argv is None else argv))
+        ready = _gate(cfg, client, relay.stop)
+        if ready is None:
+            return exits.OK
+        return _train(cfg, client, ready, relay)
+    except _Exit as leave:
+        return leave.code
 
+
+def _load(args: list[str]) -> tuple[config.Config, etcdv2.Client]:
+    """The settings, and the etcd client made from them (its TLS files read)."""
     try:
         cfg = config.load(args)
+        client = etcdv2.connect(cfg)
     except config.ConfigError as exc:
         logger.error("%s", exc)
-        return EXIT_CONFIG
-
+        raise _Exit(exits.CONFIG) from None
+    setup_logging(cfg.debug)
     if importlib.util.find_spec("torch") is None:
         logger.error(
             "torch is not installed for %s: build the image FROM a PyTorch image "
             "(BASE_IMAGE) or install torch",
             sys.executable,
         )
-        return EXIT_CONFIG
+        raise _Exit(exits.CONFIG)
+    return cfg, client
 
-    client = etcdv2.Client(cfg.endpoint.url)
+
+def _gate(cfg: config.Config, client: etcdv2.Client, stop: threading.Event) -> _Ready | None:
+    """Wait until etcd, the mesh and the peers are there; None when the job is complete."""
     resolver = gate.Resolver(cfg.endpoint.host, cfg.endpoint.port)
     deadline = time.monotonic() + cfg.gate_timeout
-    registration: gate.Registration | None = None
+
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
+
     try:
         gate.wait(
             [
                 gate.Check(f"DNS name {cfg.endpoint.host}", resolver),
-                gate.Check(f"etcd v2 API at {cfg.endpoint}", gate.etcd_v2_probe(client)),
+                gate.Check(f"etcd v2 API at {cfg.endpoint}", gate.etcd_v2_probe(client, cfg)),
             ],
             cfg.gate_timeout,
             stop=stop,
@@ -86,59 +121,68 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cfg.job_id,
                 completion.complete_key(cfg),
             )
-            return EXIT_OK
-
+            return None
         if cfg.mesh_required:  # before the choice, so that the mesh interface is chosen
             mesh_check = gate.Check("mesh interface", gate.mesh_probe(cfg.mesh_interfaces))
-            gate.wait([mesh_check], max(0.0, deadline - time.monotonic()), stop=stop)
-
-        choice, reason = netif.choose(cfg.mesh_interfaces, resolver.address, cfg.endpoint.port)
-        mesh = choice is not None and cfg.matches_mesh(choice.name)
-        if choice is None:
-            logger.info("leaving NCCL/GLOO_SOCKET_IFNAME unset: %s", reason)
-        elif cfg.nccl_socket_ifname and cfg.gloo_socket_ifname:
-            logger.info(
-                "NCCL_SOCKET_IFNAME=%s and GLOO_SOCKET_IFNAME=%s set by the user "
-                "(the automatic choice would be %s: %s)",
-                cfg.nccl_socket_ifname,
-                cfg.gloo_socket_ifname,
-                choice.name,
-                reason,
-            )
-        else:
-            logger.info("interface %s: %s", choice.name, reason)
-        local_addr = launch.local_address(cfg, choice, mesh)
-
+            gate.wait([mesh_check], left(), stop=stop)
+        choice, local_addr = _choose_interface(cfg, resolver.address)
+        registration = None
         if cfg.gate_peers:
             registration = gate.Registration(client, cfg, cfg.pod_ip or local_addr or "")
             peers = gate.Check(f"{cfg.min_nodes} peers", registration.probe)
-            gate.wait([peers], max(0.0, deadline - time.monotonic()), stop=stop)
+            gate.wait([peers], left(), stop=stop)
     except gate.Fatal as exc:
         logger.error("%s", exc)
-        return EXIT_NO_V2
+        raise _Exit(exc.exit_code) from None
     except gate.GateTimeout as exc:
         logger.error("%s", exc)
-        return EXIT_GATE_TIMEOUT
+        raise _Exit(exits.GATE_TIMEOUT) from None
     except gate.Interrupted as exc:
         logger.info("%s", exc)
-        return 128 + signal.SIGTERM
+        raise _Exit(exits.signalled(signal.SIGTERM)) from None
     except etcdv2.EtcdError as exc:
         logger.error("etcd at %s failed after the gate: %s", cfg.endpoint, exc)
-        return EXIT_GATE_TIMEOUT
+        raise _Exit(exits.GATE_TIMEOUT) from None
+    return _Ready(choice, local_addr, registration)
 
-    env, added = launch.build_env(cfg, choice, os.environ)
+
+def _choose_interface(
+    cfg: config.Config, endpoint_address: str | None
+) -> tuple[netif.Choice | None, str | None]:
+    """The NCCL/gloo interface (logged with the reason) and this node's address."""
+    choice, reason = netif.choose(cfg.mesh_interfaces, endpoint_address, cfg.endpoint.port)
+    if choice is None:
+        logger.info("leaving NCCL/GLOO_SOCKET_IFNAME unset: %s", reason)
+    elif cfg.nccl_socket_ifname and cfg.gloo_socket_ifname:
+        logger.info(
+            "NCCL_SOCKET_IFNAME=%s and GLOO_SOCKET_IFNAME=%s set by the user "
+            "(the automatic choice would be %s: %s)",
+            cfg.nccl_socket_ifname,
+            cfg.gloo_socket_ifname,
+            choice.name,
+            reason,
+        )
+    else:
+        logger.info("interface %s: %s", choice.name, reason)
+    mesh = choice is not None and cfg.matches_mesh(choice.name)
+    return choice, launch.local_address(cfg, choice, mesh)
+
+
+def _train(cfg: config.Config, client: etcdv2.Client, ready: _Ready, relay: _Relay) -> int:
+    """Run torchrun, in a fresh rendezvous epoch when torch closed the current one early."""
+    env, added = launch.build_env(cfg, ready.choice, os.environ)
     logger.info("environment: %s", " ".join(f"{k}={v}" for k, v in sorted(added.items())))
-    if registration is not None:
-        registration.start()
+    if ready.registration is not None:
+        ready.registration.start()
     try:
         epoch_now = epoch.current(client, cfg)
         for reopen in range(epoch.MAX_REOPENS + 1):
-            if stop.is_set():
-                return 128 + signal.SIGTERM
+            if relay.stop.is_set():
+                return exits.signalled(signal.SIGTERM)
             rdzv_id = epoch.run_id(cfg, epoch_now)
-            torchrun = launch.build_argv(cfg, local_addr, rdzv_id=rdzv_id)
+            torchrun = launch.build_argv(cfg, ready.local_addr, rdzv_id=rdzv_id, pwd=env.get("PWD"))
             logger.info("starting: %s", shlex.join(torchrun))
-            supervisor = launch.Supervisor(torchrun, env, cfg, client)
+            relay.supervisor = supervisor = launch.Supervisor(torchrun, env, cfg, client)
             code = supervisor.run()
             if code == 0 or supervisor.signalled is not None or reopen == epoch.MAX_REOPENS:
                 return code
@@ -154,10 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except etcdv2.EtcdError as exc:
         logger.error("etcd at %s failed: %s", cfg.endpoint, exc)
-        return EXIT_GATE_TIMEOUT
+        return exits.GATE_TIMEOUT
     finally:
-        if registration is not None:
-            registration.stop()
+        if ready.registration is not None:
+            ready.registration.stop()
 
 
 def _closed_early(cfg: config.Config, rdzv_id: str) -> bool:

@@ -1,0 +1,278 @@
+"""The worker's settings, defined once: name, type, default, where the chart sets it, meaning.
+
+config.py parses the environment from this table and nothing else; the table in
+docs/contracts.md is generated from it (scripts/gen-worker-settings-doc, checked by a
+test); tests/charts checks that the chart sets only names defined here, that
+`_validate.tpl` owns exactly the ELASTIC_* names the chart sets, and that each default
+equals what the chart renders from its values.yaml defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Kind(Enum):
+    """How a value is written; config.py has one parser per kind."""
+
+    JOB_ID = "job id"
+    ENDPOINT = "host:port"
+    COUNT = "integer >= 1"
+    COUNT0 = "integer >= 0"
+    NPROC = "integer >= 1, auto, cpu or gpu"
+    SECONDS = "seconds > 0"
+    BOOL = "true or false"
+    GLOBS = "comma-separated globs"
+    NAMES = "comma-separated names"
+    RDZV_CONF = "k=v,k=v"
+    PATH = "path"
+    TEXT = "string"
+
+
+class Source(Enum):
+    """Who sets a variable in a pod the chart renders."""
+
+    VALUE = "value"  # the chart, from the values.yaml key named in `chart`
+    DERIVED = "derived"  # the chart, computed (release, namespace, objects it renders)
+    KUBELET = "kubelet"  # the downward API or the kubelet itself
+    IMAGE = "image"  # nobody: the image's default, or the user's env (local runs, tests)
+    USER = "user"  # the user's env (worker.env) or init-topology's file, when at all
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: Kind
+    #: The value when the variable is unset or empty, written as in the environment;
+    #: None: the variable is required.
+    default: str | None
+    source: Source
+    #: The values.yaml keys it comes from, what the chart derives it from, or who sets it.
+    chart: str
+    meaning: str
+
+
+# Rendezvous settings the chart writes from `rendezvous.*` (docs/recovery.md explains
+# each value and how it was measured); keys the chart does not set fall back to these.
+RDZV_CONF_DEFAULT = (
+    "join_timeout=600,last_call_timeout=2,close_timeout=10,"
+    "keep_alive_interval=1,keep_alive_max_attempt=3,heartbeat_timeout=5"
+)
+SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "ELASTIC_JOB_ID",
+        Kind.JOB_ID,
+        None,
+        Source.DERIVED,
+        "job.id, else <namespace>-<release>",
+        "torch's --rdzv-id (epoch 0) and the job's etcd prefix /elastic-job/<id>/",
+    ),
+    Setting(
+        "ELASTIC_RDZV_ENDPOINT",
+        Kind.ENDPOINT,
+        None,
+        Source.DERIVED,
+        "the bundled etcd's client Service, else rendezvous.endpoint",
+        "etcd's client endpoint (v2 API on), for torch and for the worker's own keys",
+    ),
+    Setting(
+        "ELASTIC_MIN_NODES",
+        Kind.COUNT,
+        None,
+        Source.VALUE,
+        "job.minNodes",
+        "fewest nodes the job trains on (--nnodes minimum; peers the gate waits for)",
+    ),
+    Setting(
+        "ELASTIC_MAX_NODES",
+        Kind.COUNT,
+        None,
+        Source.VALUE,
+        "job.maxNodes",
+        "most nodes the job trains on (--nnodes maximum), at least ELASTIC_MIN_NODES",
+    ),
+    Setting(
+        "ELASTIC_NPROC_PER_NODE",
+        Kind.NPROC,
+        "1",
+        Source.VALUE,
+        "job.nprocPerNode",
+        "training processes per node (--nproc-per-node)",
+    ),
+    Setting(
+        "ELASTIC_MAX_RESTARTS",
+        Kind.COUNT0,
+        "20",
+        Source.VALUE,
+        "rendezvous.maxRestarts",
+        "worker-group failures torchrun restarts from (--max-restarts)",
+    ),
+    Setting(
+        "ELASTIC_RDZV_CONF",
+        Kind.RDZV_CONF,
+        RDZV_CONF_DEFAULT,
+        Source.VALUE,
+        "rendezvous.* and rendezvous.tls",
+        "torchrun --rdzv-conf for torch's etcd-v2 handler; keys not given take the "
+        "default's. protocol, ca_cert, ssl_cert, ssl_cert_key also set the worker's own "
+        "etcd client's TLS",
+    ),
+    Setting(
+        "ELASTIC_MONITOR_INTERVAL",
+        Kind.SECONDS,
+        "0.5",
+        Source.VALUE,
+        "rendezvous.monitorInterval",
+        "seconds between torchrun's checks of its workers (--monitor-interval)",
+    ),
+    Setting(
+        "ELASTIC_GATE_TIMEOUT",
+        Kind.SECONDS,
+        "600",
+        Source.VALUE,
+        "gate.timeoutSeconds",
+        "seconds the readiness gate waits before exit 3",
+    ),
+    Setting(
+        "ELASTIC_GATE_PEERS",
+        Kind.BOOL,
+        "true",
+        Source.VALUE,
+        "gate.peers",
+        "also wait until ELASTIC_MIN_NODES pods registered under /elastic-job/<id>/members/",
+    ),
+    Setting(
+        "ELASTIC_MESH_INTERFACES",
+        Kind.GLOBS,
+        "wg*",
+        Source.VALUE,
+        "mesh.interfaces",
+        "interface globs of an overlay mesh, preferred for NCCL and gloo when up",
+    ),
+    Setting(
+        "ELASTIC_MESH_REQUIRED",
+        Kind.BOOL,
+        "false",
+        Source.VALUE,
+        "mesh.required",
+        "wait (within the gate's time) until a mesh interface is up",
+    ),
+    Setting(
+        "ELASTIC_INJECT_ENV",
+        Kind.PATH,
+        "/etc/inject/env",
+        Source.VALUE,
+        "fixed (the inject volume)",
+        "init-topology's KEY='value' file; its keys fill variables not already set",
+    ),
+    Setting(
+        "ELASTIC_GRACE_PERIOD",
+        Kind.COUNT,
+        "90",
+        Source.VALUE,
+        "worker.terminationGracePeriodSeconds",
+        "the pod's grace period; TORCH_ELASTIC_SHUTDOWN_TIMEOUT is set a margin below it",
+    ),
+    Setting(
+        "ELASTIC_SCALE_DOWN",
+        Kind.BOOL,
+        "true",
+        Source.VALUE,
+        "rbac.scaleDown.enabled, with a service account and its token mounted",
+        "after success, scale ELASTIC_STATEFULSETS to 0 through the API server",
+    ),
+    Setting(
+        "ELASTIC_STATEFULSETS",
+        Kind.NAMES,
+        "",
+        Source.DERIVED,
+        "this release's worker StatefulSets",
+        "the StatefulSets ELASTIC_SCALE_DOWN scales to 0",
+    ),
+    Setting(
+        "ELASTIC_LOCAL_ADDR",
+        Kind.TEXT,
+        "",
+        Source.IMAGE,
+        "-",
+        "the address other nodes reach this one at; empty: the mesh address, else "
+        "POD_IP, else the chosen interface's",
+    ),
+    Setting(
+        "ELASTIC_SERVICEACCOUNT_DIR",
+        Kind.PATH,
+        SERVICEACCOUNT_DIR,
+        Source.IMAGE,
+        "-",
+        "where the service-account token and CA are (moved for local runs and tests)",
+    ),
+    Setting(
+        "ELASTIC_DEBUG",
+        Kind.BOOL,
+        "false",
+        Source.IMAGE,
+        "-",
+        "log debug lines",
+    ),
+    Setting(
+        "POD_NAME",
+        Kind.TEXT,
+        "",
+        Source.KUBELET,
+        "metadata.name",
+        "this pod's name (member key); empty: the host name",
+    ),
+    Setting(
+        "POD_NAMESPACE",
+        Kind.TEXT,
+        "",
+        Source.KUBELET,
+        "metadata.namespace",
+        "the namespace of ELASTIC_STATEFULSETS",
+    ),
+    Setting(
+        "POD_IP",
+        Kind.TEXT,
+        "",
+        Source.KUBELET,
+        "status.podIP",
+        "registered as this pod's member value; the local address when no mesh is up",
+    ),
+    Setting(
+        "NCCL_SOCKET_IFNAME",
+        Kind.TEXT,
+        "",
+        Source.USER,
+        "worker.env",
+        "when set (with GLOO_SOCKET_IFNAME), the worker's interface choice is only logged",
+    ),
+    Setting(
+        "GLOO_SOCKET_IFNAME",
+        Kind.TEXT,
+        "",
+        Source.USER,
+        "worker.env",
+        "as NCCL_SOCKET_IFNAME, for gloo",
+    ),
+    Setting(
+        "KUBERNETES_SERVICE_HOST",
+        Kind.TEXT,
+        "",
+        Source.KUBELET,
+        "the `kubernetes` Service",
+        "the API server, for ELASTIC_SCALE_DOWN",
+    ),
+    Setting(
+        "KUBERNETES_SERVICE_PORT",
+        Kind.TEXT,
+        "443",
+        Source.KUBELET,
+        "the `kubernetes` Service",
+        "the API server's port",
+    ),
+)
+
+BY_NAME = {setting.name: setting for setting in SETTINGS}
