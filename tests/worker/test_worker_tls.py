@@ -79,14 +79,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 def etcd_flags(mode: str, pki: Pki) -> list[str]:
-    """etcd's TLS flags: as the chart renders them ("mutual", "server-as-rendered"), or
-    "server": HTTPS without client-certificate auth, which etcd gives only when
-    --trusted-ca-file is absent (it turns client-certificate auth on by itself)."""
+    """etcd's TLS flags as the chart renders them: "mutual" (tls.clientCertAuth) or
+    "server" (HTTPS only; no --trusted-ca-file, which would turn client auth on)."""
     etcd = container(etcd_statefulset(rendered(mode == "mutual")), "etcd")
-    flags = tls_flags(etcd["command"], pki)
-    if mode == "server":
-        flags = [f for f in flags if not f.startswith("--trusted-ca-file=")]
-    return flags
+    return tls_flags(etcd["command"], pki)
 
 
 @pytest.fixture
@@ -118,22 +114,7 @@ def load(endpoint: str, conf: str, job: str = "tls-job", **extra: str) -> config
     return config.load(["train.py"], env)
 
 
-@pytest.mark.parametrize(
-    "mode",
-    [
-        "mutual",
-        "server",
-        pytest.param(
-            "server-as-rendered",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="charts/etcd-rendezvous passes --trusted-ca-file without "
-                "tls.clientCertAuth, which makes etcd require client certificates that "
-                "elastic-job (rendezvous.tls.clientCertSecret empty) does not mount",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("mode", ["mutual", "server"])
 def test_the_workers_keys_work_over_tls_with_the_charts_settings(
     mode: str, pki: Pki, tls_etcd: Callable[[str], EtcdServer], tmp_path: Path
 ) -> None:
