@@ -25,16 +25,31 @@ SA = f"{RELEASE}-elastic-job"
 
 
 def test_role_grants_only_patch_on_the_scale_of_own_statefulsets_by_name() -> None:
-    """rbac.scaleDown: one rule, apps statefulsets/scale, verb patch, resourceNames =
-    exactly this release's worker StatefulSets."""
+    """rbac.scaleDown: apps statefulsets/scale by name only: patch on exactly this
+    release's worker StatefulSets, then get and patch on its bundled etcd's."""
     objs = objects(ELASTIC_JOB, values=[MULTI])
-    (rule,) = one(objs, "Role")["rules"]
-    assert rule == {
+    workers, etcd = one(objs, "Role")["rules"]
+    assert workers == {
         "apiGroups": ["apps"],
         "resources": ["statefulsets/scale"],
         "resourceNames": [s["metadata"]["name"] for s in worker_statefulsets(objs)],
         "verbs": ["patch"],
     }
+    assert etcd == {
+        "apiGroups": ["apps"],
+        "resources": ["statefulsets/scale"],
+        "resourceNames": [etcd_statefulset(objs)["metadata"]["name"]],
+        "verbs": ["get", "patch"],
+    }
+
+
+def test_with_an_external_rendezvous_the_role_has_only_the_workers() -> None:
+    objs = objects(
+        ELASTIC_JOB,
+        sets=["etcd-rendezvous.enabled=false", "rendezvous.endpoint=etcd.example:2379"],
+    )
+    (rule,) = one(objs, "Role")["rules"]
+    assert rule["resourceNames"] == [s["metadata"]["name"] for s in worker_statefulsets(objs)]
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
@@ -103,13 +118,21 @@ def test_role_refuses_everything_else_on_own_statefulsets(method: str, suffix: s
         assert not allows([one(objs, "Role")], Request.from_http(method, path + suffix))
 
 
-def test_role_refuses_scaling_the_etcd_or_another_statefulset() -> None:
-    """Only this release's workers: not its etcd, not another release's workers."""
+def test_role_allows_the_etcd_scale_and_nothing_else_of_it() -> None:
+    """The finished job scales its etcd to 0 (and a late pod reads that scale); the etcd's
+    spec stays out of reach, and so does every other release's StatefulSet."""
     objs = objects(ELASTIC_JOB, values=[MULTI])
     role = one(objs, "Role")
-    for name in (etcd_statefulset(objs)["metadata"]["name"], "other-elastic-job-default"):
-        path = f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/{name}/scale"
-        assert not allows([role], Request.from_http("PATCH", path))
+    etcd = (
+        f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/"
+        + (etcd_statefulset(objs)["metadata"]["name"])
+    )
+    assert allows([role], Request.from_http("PATCH", etcd + "/scale"))
+    assert allows([role], Request.from_http("GET", etcd + "/scale"))
+    for method in ("PATCH", "PUT", "DELETE", "GET"):
+        assert not allows([role], Request.from_http(method, etcd))
+    other = f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/other-elastic-job-default/scale"
+    assert not allows([role], Request.from_http("PATCH", other))
 
 
 @pytest.mark.parametrize(

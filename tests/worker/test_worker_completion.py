@@ -138,3 +138,44 @@ def test_success_marks_complete_and_scales_down(etcd: EtcdServer, tmp_path: Path
         assert sup.run() == 0
         assert completion.is_complete(client, cfg)
         assert api.statefulsets[("default", "run42-worker")]["spec"]["replicas"] == 0
+
+
+def test_success_scales_the_workers_then_the_rendezvous(etcd: EtcdServer, tmp_path: Path) -> None:
+    """The bundled etcd goes to 0 last, so its PodDisruptionBudget no longer pins a node."""
+    with FakeApiServer(workdir=tmp_path / "api") as api:
+        api.add_statefulset("default", "run42-worker", replicas=2)
+        api.add_statefulset("default", "run42-etcd", replicas=1)
+        cfg = make_config(
+            etcd,
+            "success-rdzv",
+            ELASTIC_SCALE_DOWN="true",
+            ELASTIC_STATEFULSETS="run42-worker",
+            ELASTIC_RENDEZVOUS_STATEFULSET="run42-etcd",
+            ELASTIC_SERVICEACCOUNT_DIR=str(api.serviceaccount_dir),
+            **api.env(),
+        )
+        client = etcdv2.Client(etcd.url)
+        sup = launch.Supervisor([sys.executable, "-c", "pass"], {}, cfg, client)
+        assert sup.run() == 0
+        patched = [r.path.rsplit("/", 2)[-2] for r in api.requests if r.method == "PATCH"]
+        assert patched == ["run42-worker", "run42-etcd"]
+        assert api.statefulsets[("default", "run42-etcd")]["spec"]["replicas"] == 0
+        assert completion.rendezvous_scaled_to_zero(cfg)
+
+
+def test_the_rendezvous_counts_as_done_only_at_zero_replicas(tmp_path: Path) -> None:
+    with FakeApiServer(workdir=tmp_path / "api") as api:
+        api.add_statefulset("default", "run42-etcd", replicas=1)
+        env = {
+            **BASE,
+            "ELASTIC_SCALE_DOWN": "true",
+            "ELASTIC_RENDEZVOUS_STATEFULSET": "run42-etcd",
+            "ELASTIC_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir),
+            **api.env(),
+        }
+        cfg = config.load(["train.py"], env)
+        assert not completion.rendezvous_scaled_to_zero(cfg)
+        api.set_fault(r"/scale$", 403)  # no access: unknown, so not done
+        assert not completion.rendezvous_scaled_to_zero(cfg)
+        off = config.load(["train.py"], {**env, "ELASTIC_SCALE_DOWN": "false"})
+        assert not completion.rendezvous_scaled_to_zero(off)

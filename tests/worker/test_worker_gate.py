@@ -16,6 +16,8 @@ from elastic_worker import gate
 from testlib import EtcdServer, free_port
 from worker_helpers import WORKER, worker_env
 
+from localrun.apiserver import FakeApiServer
+
 
 def test_wait_returns_once_every_check_passes() -> None:
     calls = {"n": 0}
@@ -134,3 +136,41 @@ def test_the_mesh_gate_waits_for_a_mesh_interface(etcd: EtcdServer, tmp_path: Pa
     assert lines[-1].endswith(
         "waiting for: mesh interface (no up interface matches meshtest-none*)"
     ), lines
+
+
+def test_a_pod_that_finds_its_rendezvous_scaled_to_0_exits_0_at_once(tmp_path: Path) -> None:
+    """After completion the job scales its etcd to 0 last; a pod that starts later (Argo CD
+    restoring replicas, a kubelet restart) cannot reach etcd, reads the scale, exits 0."""
+    with FakeApiServer(workdir=tmp_path / "api") as api:
+        api.add_statefulset("default", "late-etcd", replicas=0)
+        env = worker_env(
+            f"127.0.0.1:{free_port()}",
+            "late",
+            ELASTIC_GATE_TIMEOUT="120",
+            ELASTIC_SCALE_DOWN="true",
+            ELASTIC_RENDEZVOUS_STATEFULSET="late-etcd",
+            ELASTIC_SERVICEACCOUNT_DIR=str(api.serviceaccount_dir),
+            POD_NAMESPACE="default",
+            **api.env(),
+        )
+        code, lines, took = run_worker(env)
+    assert code == 0, lines
+    assert "rendezvous StatefulSet late-etcd was scaled to 0" in lines[-1], lines
+    assert took < 30  # not after the 120 s gate timeout
+
+
+def test_a_rendezvous_still_scaled_up_keeps_the_gate_waiting(tmp_path: Path) -> None:
+    with FakeApiServer(workdir=tmp_path / "api") as api:
+        api.add_statefulset("default", "up-etcd", replicas=1)
+        env = worker_env(
+            f"127.0.0.1:{free_port()}",
+            "up",
+            ELASTIC_GATE_TIMEOUT="3",
+            ELASTIC_SCALE_DOWN="true",
+            ELASTIC_RENDEZVOUS_STATEFULSET="up-etcd",
+            ELASTIC_SERVICEACCOUNT_DIR=str(api.serviceaccount_dir),
+            POD_NAMESPACE="default",
+            **api.env(),
+        )
+        code, lines, _ = run_worker(env)
+    assert code == 3, lines

@@ -119,6 +119,16 @@ chart name, this release). Only while the subchart is enabled.
 {{- if (hasKey $etcd "enabled" | ternary $etcd.enabled true) }}true{{ end -}}
 {{- end -}}
 
+{{/*
+The bundled etcd's StatefulSet, which a finished job scales to 0 after its workers so that
+nothing (its PodDisruptionBudget) pins a node; empty with an external rendezvous.
+*/}}
+{{- define "elastic-job.rdzvStatefulset" -}}
+{{- if include "elastic-job.etcdEnabled" . -}}
+{{- include "elastic-job.etcd" (dict "root" . "helper" "statefulsetName") -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Rendezvous endpoint host:port: the bundled etcd's client Service, or the external one. */}}
 {{- define "elastic-job.rdzvEndpoint" -}}
 {{- if include "elastic-job.etcdEnabled" . -}}

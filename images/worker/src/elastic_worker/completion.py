@@ -53,28 +53,39 @@ def wait_complete(
                 return True
         except etcdv2.EtcdError as exc:
             logger.debug("completion check failed: %s", exc)
+            if rendezvous_scaled_to_zero(config):
+                return True
         if clock() >= deadline:
             return False
         time.sleep(poll_every)
 
 
+def _scale_request(
+    api: KubeApi, namespace: str, name: str, body: bytes | None, timeout: float
+) -> dict[str, object]:
+    """GET (body None) or merge-PATCH a StatefulSet's scale subresource; the answer's JSON."""
+    context = ssl.create_default_context(cafile=api.ca_file) if api.ca_file else None
+    url = f"{api.base_url}/apis/apps/v1/namespaces/{namespace}/statefulsets/{name}/scale"
+    req = urllib.request.Request(url, data=body, method="GET" if body is None else "PATCH")
+    req.add_header("Authorization", f"Bearer {api.token}")
+    req.add_header("Accept", "application/json")
+    if body is not None:
+        req.add_header("Content-Type", "application/merge-patch+json")
+    with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
+        answer = json.loads(resp.read() or b"{}")
+    return answer if isinstance(answer, dict) else {}
+
+
 def scale_to_zero(api: KubeApi, namespace: str, names: tuple[str, ...], timeout: float = 10) -> int:
-    """PATCH each StatefulSet's scale subresource to 0; failures are warnings.
+    """PATCH each StatefulSet's scale subresource to 0, in order; failures are warnings.
 
     Returns how many were scaled.
     """
-    context = ssl.create_default_context(cafile=api.ca_file) if api.ca_file else None
     body = json.dumps({"spec": {"replicas": 0}}).encode()
     scaled = 0
     for name in names:
-        url = f"{api.base_url}/apis/apps/v1/namespaces/{namespace}/statefulsets/{name}/scale"
-        req = urllib.request.Request(url, data=body, method="PATCH")
-        req.add_header("Authorization", f"Bearer {api.token}")
-        req.add_header("Content-Type", "application/merge-patch+json")
-        req.add_header("Accept", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=timeout, context=context):
-                pass
+            _scale_request(api, namespace, name, body, timeout)
         except urllib.error.HTTPError as exc:
             if exc.code == 403:
                 logger.warning(
@@ -88,9 +99,42 @@ def scale_to_zero(api: KubeApi, namespace: str, names: tuple[str, ...], timeout:
                     "scaling statefulset %s/%s failed: HTTP %d", namespace, name, exc.code
                 )
             continue
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, ValueError) as exc:
             logger.warning("scaling statefulset %s/%s failed: %s", namespace, name, exc)
             continue
         logger.info("scaled statefulset %s/%s to 0", namespace, name)
         scaled += 1
     return scaled
+
+
+def scale_down_after_success(config: Config) -> None:
+    """The workers' StatefulSets, then the bundled etcd's last (so that its
+    PodDisruptionBudget stops pinning a node); only with ELASTIC_SCALE_DOWN."""
+    names = config.statefulsets + (
+        (config.rendezvous_statefulset,) if config.rendezvous_statefulset else ()
+    )
+    if not (config.scale_down and names):
+        return
+    api = config.kube_api
+    if api is None:
+        logger.warning("ELASTIC_SCALE_DOWN is true but no in-cluster API access")
+    elif not config.pod_namespace:
+        logger.warning("ELASTIC_SCALE_DOWN is true but POD_NAMESPACE is not set")
+    else:
+        scale_to_zero(api, config.pod_namespace, names)
+
+
+def rendezvous_scaled_to_zero(config: Config, timeout: float = 5) -> bool:
+    """Whether the bundled etcd's StatefulSet was scaled to 0, which a finished job does
+    last: then the job is complete. False when unknown (no access, no such setting)."""
+    api = config.kube_api
+    name = config.rendezvous_statefulset
+    if not (config.scale_down and api and name and config.pod_namespace):
+        return False
+    try:
+        scale = _scale_request(api, config.pod_namespace, name, None, timeout)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        logger.debug("reading the scale of statefulset %s failed: %s", name, exc)
+        return False
+    spec = scale.get("spec")
+    return isinstance(spec, dict) and spec.get("replicas") == 0

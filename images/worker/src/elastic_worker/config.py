@@ -136,6 +136,7 @@ class Config:
     grace_period: int
     scale_down: bool
     statefulsets: tuple[str, ...]
+    rendezvous_statefulset: str
     pod_name: str
     pod_namespace: str
     pod_ip: str
@@ -336,6 +337,11 @@ def load(
     for name in statefulsets:
         if not _NAME.fullmatch(name):
             raise ConfigError(f"ELASTIC_STATEFULSETS: {name!r} is not a Kubernetes name")
+    rendezvous_statefulset = text(env, "ELASTIC_RENDEZVOUS_STATEFULSET")
+    if rendezvous_statefulset and not _NAME.fullmatch(rendezvous_statefulset):
+        raise ConfigError(
+            f"ELASTIC_RENDEZVOUS_STATEFULSET: {rendezvous_statefulset!r} is not a Kubernetes name"
+        )
     pod_name = text(env, "POD_NAME") or socket.gethostname()
     if "/" in pod_name:
         raise ConfigError(f"POD_NAME={pod_name!r} must not contain '/'")
@@ -361,6 +367,7 @@ def load(
         grace_period=_int(env, "ELASTIC_GRACE_PERIOD"),
         scale_down=_bool(env, "ELASTIC_SCALE_DOWN"),
         statefulsets=statefulsets,
+        rendezvous_statefulset=rendezvous_statefulset,
         pod_name=pod_name,
         pod_namespace=text(env, "POD_NAMESPACE"),
         pod_ip=text(env, "POD_IP"),

@@ -37,6 +37,10 @@ class GateTimeout(Exception):
     """The gate's time ran out; the message names what was missing."""
 
 
+class Completed(Exception):
+    """Waiting is over because the job finished (its rendezvous was scaled to 0)."""
+
+
 class Interrupted(Exception):
     """A signal asked us to stop while waiting."""
 
@@ -90,6 +94,29 @@ def wait(
             next_progress = now + progress_every
         if stop.wait(min(poll_every, max(0.0, timeout - (now - start)))):
             raise Interrupted("interrupted while waiting in the readiness gate")
+
+
+def unless_complete(
+    probe: Callable[[], CheckResult],
+    complete: Callable[[], bool],
+    *,
+    every: float = 5.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> Callable[[], CheckResult]:
+    """`probe`, but while it fails ask `complete()` (at most every `every` seconds, it
+    reads the API server) and raise Completed when it says the job is done."""
+    next_ask = clock()
+
+    def check() -> CheckResult:
+        nonlocal next_ask
+        ok, detail = probe()
+        if not ok and clock() >= next_ask:
+            next_ask = clock() + every
+            if complete():
+                raise Completed(detail)
+        return ok, detail
+
+    return check
 
 
 class Resolver:

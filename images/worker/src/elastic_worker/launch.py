@@ -286,7 +286,8 @@ class Supervisor:
             return completion.is_complete(self.client, self.config)
         except etcdv2.EtcdError as exc:
             logger.debug("completion check failed: %s", exc)
-            return False
+            # etcd may already be gone: a finished job scales it to 0 after the workers.
+            return completion.rendezvous_scaled_to_zero(self.config)
 
     def _mark_complete(self) -> None:
         deadline = time.monotonic() + 30
@@ -299,11 +300,4 @@ class Supervisor:
                     logger.error("training succeeded but the marker could not be set: %s", exc)
                     return
                 time.sleep(1)
-        if self.config.scale_down and self.config.statefulsets:
-            api = self.config.kube_api
-            if api is None:
-                logger.warning("ELASTIC_SCALE_DOWN is true but no in-cluster API access")
-            elif not self.config.pod_namespace:
-                logger.warning("ELASTIC_SCALE_DOWN is true but POD_NAMESPACE is not set")
-            else:
-                completion.scale_to_zero(api, self.config.pod_namespace, self.config.statefulsets)
+        completion.scale_down_after_success(self.config)

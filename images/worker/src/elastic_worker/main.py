@@ -106,11 +106,17 @@ def _gate(cfg: config.Config, client: etcdv2.Client, stop: threading.Event) -> _
     def left() -> float:
         return max(0.0, deadline - time.monotonic())
 
+    def done() -> bool:
+        return completion.rendezvous_scaled_to_zero(cfg)
+
     try:
         gate.wait(
             [
-                gate.Check(f"DNS name {cfg.endpoint.host}", resolver),
-                gate.Check(f"etcd v2 API at {cfg.endpoint}", gate.etcd_v2_probe(client, cfg)),
+                gate.Check(f"DNS name {cfg.endpoint.host}", gate.unless_complete(resolver, done)),
+                gate.Check(
+                    f"etcd v2 API at {cfg.endpoint}",
+                    gate.unless_complete(gate.etcd_v2_probe(client, cfg), done),
+                ),
             ],
             cfg.gate_timeout,
             stop=stop,
@@ -137,6 +143,14 @@ def _gate(cfg: config.Config, client: etcdv2.Client, stop: threading.Event) -> _
     except gate.GateTimeout as exc:
         logger.error("%s", exc)
         raise _Exit(exits.GATE_TIMEOUT) from None
+    except gate.Completed:
+        logger.info(
+            "job %s is complete (its rendezvous StatefulSet %s was scaled to 0 at the end): "
+            "exiting 0 without joining",
+            cfg.job_id,
+            cfg.rendezvous_statefulset,
+        )
+        return None
     except gate.Interrupted as exc:
         logger.info("%s", exc)
         raise _Exit(exits.signalled(signal.SIGTERM)) from None

@@ -193,6 +193,15 @@ SETTINGS: tuple[Setting, ...] = (
         "the StatefulSets ELASTIC_SCALE_DOWN scales to 0",
     ),
     Setting(
+        "ELASTIC_RENDEZVOUS_STATEFULSET",
+        Kind.TEXT,
+        "",
+        Source.DERIVED,
+        "the bundled etcd's StatefulSet (empty with an external rendezvous)",
+        "scaled to 0 after ELASTIC_STATEFULSETS so nothing pins its node; a pod that cannot "
+        "reach etcd and finds it at 0 replicas takes the job as complete and exits 0",
+    ),
+    Setting(
         "ELASTIC_LOCAL_ADDR",
         Kind.TEXT,
         "",
