@@ -82,7 +82,7 @@ def runner_argv(release: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "localrun.main",
+        "localrun.cli",
         "run",
         "--chart",
         str(ROOT / "charts" / "elastic-job"),

@@ -29,7 +29,7 @@ from localrun_e2e import (
     runner_argv,
 )
 
-from localrun.network import remove_stale
+from localrun.host.network import remove_stale
 
 # Shared scenario helpers live in localrun_e2e.py, imported by name like tests/testlib.py.
 pytestmark = [

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from localrun.faults import (
-    Fault,
-    FaultKind,
-    FaultSyntaxError,
+from localrun.cli import (
+    UsageError,
+    build_parser,
+    config_from_args,
     normalize_argv,
     parse_partition,
     parse_pod_fault,
     parse_restart_rendezvous,
     parse_scale,
-    schedule,
 )
-from localrun.main import build_parser, config_from_args
+from localrun.faults import Fault, FaultKind, schedule
 
 
 def test_kill_names_a_pod_and_a_time() -> None:
@@ -57,7 +56,7 @@ def test_restart_rendezvous_accepts_at_sign_and_glued_form() -> None:
     ],
 )
 def test_bad_fault_syntax_says_the_expected_form(fn: object, text: str) -> None:
-    with pytest.raises(FaultSyntaxError, match="expected"):
+    with pytest.raises(UsageError, match="expected"):
         fn(text)  # type: ignore[operator]
 
 
@@ -107,5 +106,5 @@ def test_command_line_collects_every_fault_kind() -> None:
     [("--api-fault", "nodes=200"), ("--api-fault", "403"), ("--backoff", "fast"), ("--kill", "x")],
 )
 def test_bad_command_line_values_are_refused(argv: tuple[str, ...]) -> None:
-    with pytest.raises(FaultSyntaxError):
+    with pytest.raises(UsageError):
         _cfg(*argv)

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from localrun.network import (
-    RANGE,
-    PodRecord,
-    ServiceRecord,
-    dns_table,
-    hosts_file,
-    pick_subnet,
-    resolv_conf,
-)
+from localrun.cluster.dns import PodRecord, ServiceRecord, dns_table
+from localrun.host.dnsfiles import hosts_file, resolv_conf
+from localrun.host.network import RANGE, pick_subnet
 
 D = "cluster.local"
 W0 = PodRecord("demo-w-0", "default", "198.18.5.11", "demo-workers")

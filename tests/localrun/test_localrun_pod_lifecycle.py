@@ -1,0 +1,311 @@
+"""The mini-cluster's pod lifecycle (StatefulSet controller, scheduler, kubelet) on an
+in-memory container runtime: no root, no processes, time given by the test."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localrun.cluster.cluster import Cluster
+from localrun.cluster.dns import PodRecord
+from localrun.cluster.kubelet import KubeletConfig, PodEvents
+from localrun.cluster.pod import Backoff, LifecycleError, Phase, Pod
+from localrun.cluster.podspec import Container
+from localrun.cluster.runtime import ContainerSpec, LineSink
+from localrun.cluster.volumes import VolumeSources
+
+
+class FakeContainer:
+    def __init__(self, spec: ContainerSpec, started: float) -> None:
+        self.spec = spec
+        self.started = started
+        self.rc: int | None = None
+        self.signals: list[str] = []
+        self.exit_on_term: int | None = 0  # None: ignores SIGTERM
+
+    def poll(self) -> int | None:
+        return self.rc
+
+    def terminate(self) -> None:
+        self.signals.append("TERM")
+        if self.exit_on_term is not None:
+            self.rc = self.exit_on_term
+
+    def kill(self) -> None:
+        self.signals.append("KILL")
+        self.rc = 137
+
+    def wait(self, timeout: float) -> int | None:
+        return self.rc
+
+
+class FakeRuntime:
+    isolated = True
+    host_ip = "10.0.0.1"
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sandboxes: dict[str, int] = {}
+        self.containers: list[FakeContainer] = []
+        self.hosts: dict[str, dict[str, list[str]]] = {}
+        self._next = 10
+
+    def run_sandbox(self, pod: str, incarnation: int) -> str:
+        self.sandboxes[pod] = incarnation
+        self._next += 1
+        return f"10.0.0.{self._next}"
+
+    def remove_sandbox(self, pod: str) -> None:
+        self.sandboxes.pop(pod, None)
+
+    def publish_dns(self, pods: list[PodRecord], table: Mapping[str, list[str]]) -> None:
+        for rec in pods:
+            self.hosts[rec.name] = dict(table)
+
+    def start(self, spec: ContainerSpec, on_line: LineSink) -> FakeContainer:
+        c = FakeContainer(spec, self.now)
+        self.containers.append(c)
+        return c
+
+    def running(self, pod: str, container: str) -> FakeContainer:
+        return next(
+            c
+            for c in reversed(self.containers)
+            if c.spec.pod == pod and c.spec.container == container and c.rc is None
+        )
+
+
+def statefulset(replicas: int = 2, grace: int = 5, **spec: Any) -> dict[str, Any]:
+    env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    return {
+        "metadata": {"name": "w", "namespace": "ns"},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": "w-headless",
+            "template": {
+                "metadata": {"labels": {"app": "w"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": grace,
+                    "initContainers": [{"name": "init", "command": ["true"]}],
+                    "containers": [
+                        {"name": "main", "command": ["train", "$(POD_NAME)"], "env": env}
+                    ],
+                    **spec,
+                },
+            },
+        },
+    }
+
+
+NODES = {
+    "n0": {"metadata": {"name": "n0", "labels": {}}, "status": {"allocatable": {"cpu": "4"}}},
+    "n1": {"metadata": {"name": "n1", "labels": {}}, "status": {"allocatable": {"cpu": "4"}}},
+}
+SERVICE = {
+    "metadata": {"name": "w-headless", "namespace": "ns"},
+    "spec": {"clusterIP": "None", "selector": {"app": "w"}},
+}
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, sts: dict[str, Any], nodes: dict[str, Any] = NODES):
+        self.runtime = FakeRuntime()
+        self.events: list[str] = []
+        self.exits: list[tuple[str, str, int]] = []
+        self.cluster = Cluster(
+            statefulsets=[sts],
+            services=[SERVICE],
+            nodes=nodes,
+            runtime=self.runtime,
+            kubelet=KubeletConfig(
+                workdir=tmp_path,
+                logdir=tmp_path / "logs",
+                base_env={"PATH": "/bin"},
+                backoff_base=2,
+                backoff_cap=8,
+            ),
+            sources=VolumeSources(tmp_path, {}, {}, {}, None),
+            events=PodEvents(
+                event=self.events.append,
+                line=lambda *a: None,
+                container_started=lambda pod, c: None,
+                container_exited=self._exited,
+            ),
+            namespace="ns",
+        )
+
+    def _exited(self, pod: Pod, c: Container, rc: int, now: float) -> None:
+        self.exits.append((pod.name, c.name, rc))
+
+    def tick(self, t: float) -> None:
+        self.runtime.now = t
+        self.cluster.reconcile(t)
+
+    def pod(self, name: str) -> Pod:
+        pod = self.cluster.pod(name)
+        assert pod is not None, f"{name} does not exist"
+        return pod
+
+
+def test_init_container_first_then_the_main_one_with_the_kubelets_env(tmp_path: Path) -> None:
+    h = Harness(tmp_path, statefulset())
+    h.tick(0)
+    assert [p.name for p in h.cluster.pods()] == ["w-0", "w-1"]
+    w0 = h.pod("w-0")
+    assert w0.phase is Phase.INIT and w0.node in NODES and w0.ip
+    # the pods' names resolve before any container starts
+    assert "w-1.w-headless.ns.svc.cluster.local" in h.runtime.hosts["w-0"]
+    h.runtime.running("w-0", "init").rc = 0
+    h.tick(1)
+    assert w0.phase is Phase.RUNNING
+    main = h.runtime.running("w-0", "main")
+    assert main.spec.argv == ["train", "w-0"]  # $(POD_NAME) from the downward API
+    assert main.spec.env["HOSTNAME"] == "w-0" and main.spec.env["PATH"] == "/bin"
+    assert main.spec.log_path == tmp_path / "logs" / "w-0" / "main.log"
+    assert h.exits == [("w-0", "init", 0)]
+
+
+def test_a_failing_container_restarts_after_a_doubling_back_off(tmp_path: Path) -> None:
+    h = Harness(tmp_path, statefulset(replicas=1))
+    h.tick(0)
+    h.runtime.running("w-0", "init").rc = 0
+    h.tick(0)
+    h.runtime.running("w-0", "main").rc = 1
+    h.tick(1)
+    w0 = h.pod("w-0")
+    assert w0.phase is Phase.BACKOFF and w0.last_exit == 1 and w0.failures_in_row == 1
+    assert "restart in 2s" in w0.message
+    h.tick(2.9)
+    assert w0.phase is Phase.BACKOFF
+    h.tick(3)
+    assert w0.phase is Phase.RUNNING and w0.restarts == 1
+    h.runtime.running("w-0", "main").rc = 1
+    h.tick(4)
+    h.tick(7.9)
+    assert w0.phase is Phase.BACKOFF  # 4 s the second time
+    h.tick(8)
+    assert w0.phase is Phase.RUNNING and w0.restarts == 2
+    h.runtime.running("w-0", "main").rc = 0
+    h.tick(9)
+    assert w0.failures_in_row == 0 and w0.zero_exit_at == 9
+
+
+def test_a_deleted_pod_gets_sigkill_after_its_grace_and_comes_back_later(tmp_path: Path) -> None:
+    h = Harness(tmp_path, statefulset(replicas=1, grace=5))
+    h.tick(0)
+    h.runtime.running("w-0", "init").rc = 0
+    h.tick(0)
+    main = h.runtime.running("w-0", "main")
+    main.exit_on_term = None  # ignores SIGTERM
+    h.cluster.delete(h.pod("w-0"), 1, down=20)
+    assert h.pod("w-0").phase is Phase.TERMINATING and main.signals == ["TERM"]
+    h.tick(5.9)
+    assert main.signals == ["TERM"]
+    h.tick(6)
+    assert main.signals == ["TERM", "KILL"]
+    h.tick(6.1)
+    assert "w-0: deleted" in h.events and "w-0" not in h.runtime.sandboxes
+    h.tick(6.2)
+    new = h.pod("w-0")  # the StatefulSet made it again, with the same name
+    assert new.incarnation == 2 and new.phase is Phase.PENDING and not new.node
+    h.tick(20.9)
+    assert new.message.startswith("waiting for a node") and not new.node
+    h.tick(21)
+    assert new.phase is Phase.INIT and h.runtime.sandboxes["w-0"] == 2
+
+
+def test_scaling_down_deletes_the_highest_ordinals(tmp_path: Path) -> None:
+    h = Harness(tmp_path, statefulset(replicas=3))
+    h.tick(0)
+    h.cluster.scale("w", 1)
+    h.tick(1)  # SIGTERM: the init containers exit 0 at once
+    h.tick(2)
+    assert [p.name for p in h.cluster.pods()] == ["w-0"]
+    assert "statefulset w: replicas 3 -> 1" in h.events
+    h.cluster.scale("w", 0)
+    h.tick(3)
+    h.tick(4)
+    assert h.cluster.pods() == []
+
+
+def test_kill_restarts_the_container_not_before_its_down_time(tmp_path: Path) -> None:
+    h = Harness(tmp_path, statefulset(replicas=1))
+    h.tick(0)
+    h.runtime.running("w-0", "init").rc = 0
+    h.tick(0)
+    main = h.runtime.running("w-0", "main")
+    h.cluster.kill(h.pod("w-0"), 1, down=10)
+    assert main.signals == ["KILL"]
+    h.tick(1)
+    w0 = h.pod("w-0")
+    assert w0.phase is Phase.BACKOFF and w0.last_exit == 137 and w0.incarnation == 1
+    h.tick(10.9)
+    assert w0.phase is Phase.BACKOFF
+    h.tick(11)
+    assert w0.phase is Phase.RUNNING and w0.restarts == 1
+
+
+def test_a_pod_that_fits_no_node_stays_pending_with_the_schedulers_reason(
+    tmp_path: Path,
+) -> None:
+    big = statefulset(replicas=1)
+    big["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "8"}}
+    h = Harness(tmp_path, big)
+    h.tick(0)
+    w0 = h.pod("w-0")
+    assert w0.phase is Phase.PENDING and not w0.node
+    assert w0.message == "0/2 nodes are available: 2 node(s) Insufficient cpu."
+    assert h.runtime.containers == []
+
+
+def test_a_container_whose_config_cannot_be_built_does_not_start(tmp_path: Path) -> None:
+    sts = statefulset(replicas=1)
+    sts["spec"]["template"]["spec"]["initContainers"][0]["env"] = [
+        {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "missing", "key": "k"}}}
+    ]
+    h = Harness(tmp_path, sts)
+    h.tick(0)
+    w0 = h.pod("w-0")
+    assert w0.phase is Phase.BACKOFF
+    assert w0.message.startswith("CreateContainerConfigError: env X: ConfigMap 'missing'")
+    assert h.runtime.containers == []
+
+
+def test_stop_ends_every_container_and_removes_the_pods(tmp_path: Path) -> None:
+    h = Harness(tmp_path, statefulset(replicas=2))
+    h.tick(0)
+    for n in range(2):
+        h.runtime.running(f"w-{n}", "init").rc = 0
+    h.tick(1)
+    stubborn = h.runtime.running("w-1", "main")
+    stubborn.exit_on_term = None
+    codes = h.cluster.stop(grace=0)
+    assert codes == {"w-0": 0, "w-1": 137}
+    assert stubborn.signals == ["TERM", "KILL"]
+    assert h.cluster.pods() == [] and h.runtime.sandboxes == {}
+
+
+def test_the_lifecycle_refuses_a_phase_change_it_does_not_list(tmp_path: Path) -> None:
+    h = Harness(tmp_path, statefulset(replicas=1))
+    h.tick(0)
+    w0 = h.pod("w-0")
+    with pytest.raises(LifecycleError, match="Init -> Pending"):
+        w0.enter(Phase.PENDING)
+    w0.enter(Phase.GONE)
+    with pytest.raises(LifecycleError):
+        w0.enter(Phase.RUNNING)
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    b = Backoff(base=10, cap=60, reset_after=600)
+    assert [b.next_delay(1) for _ in range(6)] == [10, 20, 40, 60, 60, 60]
+
+
+def test_backoff_resets_after_a_long_run() -> None:
+    b = Backoff(base=1, cap=8, reset_after=30)
+    assert [b.next_delay(1) for _ in range(3)] == [1, 2, 4]
+    assert b.next_delay(31) == 1
+    assert b.next_delay(1) == 2
