@@ -101,14 +101,17 @@ def run_local(
     step_seconds: float = 0.5,
     sets: Iterable[str] = (),
     timeout: float = 300,
+    command: list[str] | None = None,
 ) -> LocalRun:
-    """One `elastic-local run` of values-examples/cpu-smoke.yaml with the given extra args."""
+    """One `elastic-local run` of values-examples/cpu-smoke.yaml with the given extra args;
+    the job runs train.py (steps, every, step_seconds) unless `command` is given."""
     out = tmp_path / "out"
     summary_path = tmp_path / "summary.json"
+    job = "job.command={" + ",".join(command) + "}" if command else None
     cmd = [
         *runner_argv(RELEASE),
         "--set",
-        train_command(steps, every, step_seconds),
+        job or train_command(steps, every, step_seconds),
         "--output",
         str(out),
         "--json",

@@ -308,6 +308,53 @@ def test_loopback_fallback_without_namespaces_still_trains(tmp_path: Path) -> No
     assert re.search(r"ip 127\.\d+\.\d+\.\d+", run.stdout), run.describe()
 
 
+USER_SCRIPT_DIR = ROOT / "tests" / "e2e" / "user_script"
+
+
+@pytest.mark.slow
+def test_a_users_own_ddp_script_that_prints_nothing_of_ours_gets_a_true_summary(
+    tmp_path: Path,
+) -> None:
+    # tests/e2e/user_script/multinode.py, in the style of pytorch/examples' DDP tutorial:
+    # gloo, a snapshot on the shared claim, resumed after a restart; no `[train]` line.
+    # It reaches the pods as a hostPath volume. 30 epochs of about 1 s; pod 1 is SIGKILLed
+    # 35 s after the start (no step to wait for) and stays down 10 s.
+    run = run_local(
+        tmp_path,
+        f"--kill={pod(1)}@35:10",
+        command=[
+            "python", "/opt/user-script/multinode.py", "30", "1",
+            "--snapshot-path", "/checkpoints/snapshot.pt", "--epoch-seconds", "1",
+        ],
+        sets=[
+            "worker.extraVolumes[0].name=user-script",
+            f"worker.extraVolumes[0].hostPath.path={USER_SCRIPT_DIR}",
+            "worker.extraVolumeMounts[0].name=user-script",
+            "worker.extraVolumeMounts[0].mountPath=/opt/user-script",
+            "worker.extraVolumeMounts[0].readOnly=true",
+        ],
+        timeout=360,
+    )  # fmt: skip
+    s = run.summary
+    assert run.rc == 0, run.describe()
+    assert s["completed"] is True, run.describe()  # from the completion marker in etcd
+    assert s["etcd_complete"] is True, run.describe()
+    assert s["error"] == "", run.describe()
+    assert s["final_step"] is None and s["checkpoint_steps"] == []  # no step detail
+    for name, p in worker_pods(s).items():
+        assert p["exit_code"] == 0, (name, run.describe())
+    assert "exited 137" in run.events()
+    logs = "".join(run.log(pod(n)) for n in range(3))
+    assert "[train]" not in logs
+    assert "Resuming training from snapshot at Epoch" in logs, "the script resumed"
+    assert_cleaned_up(run)
+    # Rounds and world sizes come from the worker's attempt lines (docs/contracts.md,
+    # images/worker launch.py): this part fails with a worker image that lacks them.
+    assert s["rendezvous_rounds"] >= 2, run.describe()
+    assert 2 in s["world_sizes"], run.describe()
+    assert "rendezvous round 2: world size" in run.stdout, run.describe()
+
+
 def _start_runner(tmp_path: Path) -> tuple[subprocess.Popen[str], list[str]]:
     """The runner in the background; returns it and the lines it printed until the
     worker containers started."""
