@@ -105,6 +105,9 @@ def summary_text(d: dict[str, Any], logs: Path) -> str:
         f"rounds:       {d['rendezvous_rounds']} (groups formed)",
     ]
     for r in d["reforms"]:
+        if r.get("note"):  # a fault no training step followed (or a script without steps)
+            lines.append(f"fault:        {r['cause']} at {r['fault_at']:g}s ({r['note']})")
+            continue
         secs = "-" if r["seconds"] is None else f"{r['seconds']:.1f}s"
         lines.append(
             f"re-form:      {r['cause']}: world size {r['world_size']} after {secs}"

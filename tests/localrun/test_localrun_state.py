@@ -4,10 +4,11 @@ the summary read it."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 from localrun.chart import TrainEvent
 from localrun.state import RunState
-from localrun.view import Progress
+from localrun.view import Progress, summary_text
 
 ATTEMPT = "[elastic-worker] attempt run_id=j restart={r} group_rank={g} nodes={n} world_size={n}"
 
@@ -176,3 +177,18 @@ def test_pod_lines_and_exits_reach_the_view_and_the_summary() -> None:
     assert row.split()[1:5] == ["Pending", "0", "3", "elastic-worker:"]  # RST, EXIT, LAST
     assert s.as_dict()["pods"]["w-0"]["exit_code"] == 3
     assert s.pods["w-0"].last_lines == ["elastic-worker: waiting for 2 peers"]
+
+
+def test_the_summary_text_says_what_the_run_knows() -> None:
+    s = RunState()
+    attempt(s, 0, 3)
+    s.fault(10, "kill p1")
+    attempt(s, 12, 2, restart=1)
+    s.complete(20, "marker")
+    s.exited("p0", 0)
+    text = summary_text(s.as_dict(), Path("/tmp/logs"))
+    assert "completed:    True" in text
+    assert "world sizes:  3 -> 2" in text
+    assert "rounds:       2 (groups formed)" in text
+    assert "fault:        kill p1 at 10s (no training step followed this fault)" in text
+    assert "pod:          p0: exit 0, restarts 0" in text
