@@ -24,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -39,6 +39,7 @@ from localrun.cluster.kubelet import KubeletConfig, PodEvents
 from localrun.cluster.nodes import load_nodes
 from localrun.cluster.pod import Phase, Pod
 from localrun.cluster.podspec import Container
+from localrun.cluster.statefulset import StatefulSet
 from localrun.cluster.volumes import VolumeSources
 from localrun.faults import Fault, Injector
 from localrun.host.mountpoints import Mountpoints
@@ -349,49 +350,26 @@ class Runner:
     def _finished(self, now: float) -> int | None:
         assert self.cluster is not None
         if self._rel(now) > self.cfg.timeout:
-            return self._fail(f"timed out after {self.cfg.timeout:g}s")
+            return self._end(End(EXIT_FAILED, f"timed out after {self.cfg.timeout:g}s"))
         worker_sets = [s for s in self.cluster.sets.values() if chart.is_worker(s.labels)]
         workers = [p for p in self.cluster.pods() if chart.is_worker(p.labels)]
         scaled_to_zero = bool(worker_sets) and all(s.replicas == 0 for s in worker_sets)
         if scaled_to_zero and not workers and not self.state.completed:
             self._check_completion(now)  # the marker may be set since the last poll
-        completed_at = self.state.completed_at
-        if completed_at is not None:
-            if scaled_to_zero and not workers:
-                self.event("training complete; every worker StatefulSet scaled to 0")
-                return EXIT_OK
-            ran = [p for p in workers if p.main_started or p.proc is not None]
-            if ran and all(
-                p.zero_exit_at is not None and p.zero_exit_at >= completed_at and p.proc is None
-                for p in ran
-            ):
-                self.event("training complete; every worker pod exited 0")
-                return EXIT_OK
-            return None
-        if scaled_to_zero and not workers:
-            return self._fail("every worker StatefulSet was scaled to 0 before training completed")
-        return self._gave_up(workers)
-
-    def _gave_up(self, workers: list[Pod]) -> int | None:
-        n = self.cfg.give_up_after
-        placed = [p for p in workers if p.node]
-        if n <= 0 or not placed or any(p.failures_in_row < n for p in placed):
-            return None
-        last = {
-            p.name: (self.state.pod(p.name).last_lines or ["(no worker line)"])[-1] for p in placed
-        }
-        error = f"every worker pod failed {n} times in a row; last: " + "; ".join(
-            f"{k}: {v}" for k, v in last.items()
+        end = end_of_run(
+            worker_sets,
+            workers,
+            self.state.completed_at,
+            self.cfg.give_up_after,
+            lambda pod: (self.state.pod(pod).last_lines or ["(no worker line)"])[-1],
         )
-        pending = [f"{p.name}: {p.message}" for p in workers if not p.node]
-        if pending:
-            error += "; pending: " + "; ".join(pending)
-        return self._fail(error)
+        return None if end is None else self._end(end)
 
-    def _fail(self, error: str) -> int:
-        self.state.error = error
-        self.event(error)
-        return EXIT_FAILED
+    def _end(self, end: End) -> int:
+        if end.code != EXIT_OK:
+            self.state.error = end.message
+        self.event(end.message)
+        return end.code
 
     def _scale_via_api(self, ns: str, name: str, replicas: int) -> bool:
         """As `kubectl scale` would: a merge PATCH of the scale subresource."""
@@ -451,6 +429,48 @@ class Runner:
             self.state.write(self.outdir / "summary.json")
         sys.stdout.write(summary_text(self.state.as_dict(), self.outdir))
         sys.stdout.flush()
+
+
+@dataclass(frozen=True)
+class End:
+    code: int  # the run's exit code
+    message: str  # the last event; the summary's error when code is not EXIT_OK
+
+
+def end_of_run(
+    worker_sets: list[StatefulSet],
+    workers: list[Pod],
+    completed_at: float | None,
+    give_up_after: int,
+    last_line: Callable[[str], str],
+) -> End | None:
+    """Whether the run is over, from the worker StatefulSets and pods and the time the job
+    was seen complete (time.monotonic(), None: not yet); None goes on."""
+    scaled_to_zero = bool(worker_sets) and all(s.replicas == 0 for s in worker_sets)
+    if completed_at is not None:
+        if scaled_to_zero and not workers:
+            return End(EXIT_OK, "training complete; every worker StatefulSet scaled to 0")
+        ran = [p for p in workers if p.main_started or p.proc is not None]
+        if ran and all(
+            p.zero_exit_at is not None and p.zero_exit_at >= completed_at and p.proc is None
+            for p in ran
+        ):
+            return End(EXIT_OK, "training complete; every worker pod exited 0")
+        return None
+    if scaled_to_zero and not workers:
+        return End(
+            EXIT_FAILED, "every worker StatefulSet was scaled to 0 before training completed"
+        )
+    placed = [p for p in workers if p.node]
+    n = give_up_after
+    if n <= 0 or not placed or any(p.failures_in_row < n for p in placed):
+        return None
+    last = "; ".join(f"{p.name}: {last_line(p.name)}" for p in placed)
+    error = f"every worker pod failed {n} times in a row; last: {last}"
+    pending = [f"{p.name}: {p.message}" for p in workers if not p.node]
+    if pending:
+        error += "; pending: " + "; ".join(pending)
+    return End(EXIT_FAILED, error)
 
 
 def _remove_stale_workdirs() -> None:

@@ -98,6 +98,7 @@ class RunState:
         self._resumed_after_fault = False
         self._started = False
         self._last_pod_start: tuple[str, float, str] | None = None
+        self._done: int | None = None  # the step of the script's `done` line
 
     # -- derived facts -------------------------------------------------------------------
 
@@ -198,8 +199,10 @@ class RunState:
                 self.checkpoint_steps.append(ev.step)
                 self.say(f"checkpoint at step {ev.step}")
         elif ev.kind == "done":
+            if self._done is None:  # every node's rank 0 says it; once is enough
+                self.say(f"the script reports training done at step {ev.step}")
+            self._done = ev.step
             self.step = max(self.step or 0, ev.step)
-            self.say(f"{pod}: training done at step {ev.step}")
         elif ev.kind == "start":
             if self.rounds:
                 self.say(f"training from step {ev.step} at world size {ev.world_size}")
