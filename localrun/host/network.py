@@ -9,7 +9,7 @@ Services' and pods' DNS names, and a resolv.conf whose nameserver refuses at onc
 name that is not in the hosts file fails fast, as NXDOMAIN would.
 
 Without root there are no namespaces: pods share the host network on 127.x addresses and
-the runner substitutes DNS names in environment values (LoopbackNetwork).
+runtime.py substitutes DNS names in environment values (LoopbackNetwork).
 """
 
 from __future__ import annotations
