@@ -176,7 +176,9 @@ def assert_cleaned_up(run: LocalRun) -> None:
 
 
 def reform(run: LocalRun, cause_prefix: str) -> dict[str, Any]:
-    found = [r for r in run.summary["reforms"] if r["cause"].startswith(cause_prefix)]
+    found: list[dict[str, Any]] = [
+        r for r in run.summary["reforms"] if r["cause"].startswith(cause_prefix)
+    ]
     assert found, f"no re-form caused by {cause_prefix!r}\n{run.describe()}"
     return found[0]
 

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
-from kubernetes.config.incluster_config import InClusterConfigLoader
+from kubernetes import client  # type: ignore[import-untyped]
+from kubernetes.config.incluster_config import (  # type: ignore[import-untyped]
+    InClusterConfigLoader,
+)
 
 from localrun.cluster.apiserver import FakeApiServer
 from localrun.cluster.nodes import NODE_PROFILES, load_nodes

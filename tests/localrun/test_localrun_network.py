@@ -59,8 +59,8 @@ def test_resolv_conf_searches_the_namespace_and_fails_fast() -> None:
 def test_pick_subnet_stays_in_the_benchmark_range_and_avoids_used_ones() -> None:
     first = pick_subnet([], 0)
     assert first == ipaddress.ip_network("198.18.0.0/24")
-    used = [ipaddress.ip_network("198.18.0.0/16"), ipaddress.ip_network("198.19.0.0/24")]
+    used = [ipaddress.IPv4Network("198.18.0.0/16"), ipaddress.IPv4Network("198.19.0.0/24")]
     got = pick_subnet(used, 0)
-    assert got.subnet_of(RANGE)  # type: ignore[arg-type]
+    assert got.subnet_of(RANGE)
     assert not any(got.overlaps(u) for u in used)
     assert got == ipaddress.ip_network("198.19.1.0/24")

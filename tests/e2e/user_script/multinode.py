@@ -76,7 +76,7 @@ class Trainer:
         self.optimizer.zero_grad()
         output = self.model(source)
         loss = F.mse_loss(output, targets)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         self.optimizer.step()
 
     def _run_epoch(self, epoch: int) -> None:
