@@ -267,16 +267,33 @@ class RunState:
 
     # -- output --------------------------------------------------------------------------
 
+    def _round_after(self, fault: Reform) -> dict[str, Any] | None:
+        """A fault in a run without step lines: the first round formed after it (its world
+        size, and the seconds to it, the only re-form facts such a script gives)."""
+        if self._started:
+            return None
+        nxt = next((r for r in self.rounds if r.at > fault.fault_at), None)
+        if nxt is None:
+            return None
+        return {
+            **Reform(fault.cause, fault.fault_at, nxt.at - fault.fault_at, nxt.nodes).as_dict(),
+            "note": "seconds to the new rendezvous round: the script prints no steps",
+        }
+
     def as_dict(self) -> dict[str, Any]:
-        unresolved = [
-            {**r.as_dict(), "note": "no training step followed this fault"} for r in self._pending
-        ]
+        reforms = [r.as_dict() for r in self.reforms]
+        for r in self._pending:
+            after = self._round_after(r)
+            if after is not None:
+                reforms.append(after)
+            else:
+                reforms.append({**r.as_dict(), "note": "no training step followed this fault"})
         return {
             "completed": self.completed,
             "final_step": self.step,
             "world_sizes": self.world_sizes,
             "rendezvous_rounds": self.rendezvous_rounds,
-            "reforms": [r.as_dict() for r in self.reforms] + unresolved,
+            "reforms": reforms,
             "pods": {
                 name: {
                     "exit_code": p.exit_code,

@@ -105,13 +105,15 @@ def summary_text(d: dict[str, Any], logs: Path) -> str:
         f"rounds:       {d['rendezvous_rounds']} (groups formed)",
     ]
     for r in d["reforms"]:
-        if r.get("note"):  # a fault no training step followed (or a script without steps)
+        if r["seconds"] is None:  # nothing formed or trained after this fault
             lines.append(f"fault:        {r['cause']} at {r['fault_at']:g}s ({r['note']})")
             continue
-        secs = "-" if r["seconds"] is None else f"{r['seconds']:.1f}s"
+        detail = r.get("note") or (
+            f"resumed at step {r['resumed_step']}, steps lost {r['steps_lost']}"
+        )
         lines.append(
-            f"re-form:      {r['cause']}: world size {r['world_size']} after {secs}"
-            f" (resumed at step {r['resumed_step']}, steps lost {r['steps_lost']})"
+            f"re-form:      {r['cause']}: world size {r['world_size']} after "
+            f"{r['seconds']:.1f}s ({detail})"
         )
     lines.append(f"checkpoints:  {', '.join(str(s) for s in d['checkpoint_steps']) or '-'}")
     for name, p in d["pods"].items():

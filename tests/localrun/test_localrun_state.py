@@ -184,11 +184,29 @@ def test_the_summary_text_says_what_the_run_knows() -> None:
     attempt(s, 0, 3)
     s.fault(10, "kill p1")
     attempt(s, 12, 2, restart=1)
+    s.fault(15, "kill p0")
     s.complete(20, "marker")
     s.exited("p0", 0)
     text = summary_text(s.as_dict(), Path("/tmp/logs"))
     assert "completed:    True" in text
     assert "world sizes:  3 -> 2" in text
     assert "rounds:       2 (groups formed)" in text
-    assert "fault:        kill p1 at 10s (no training step followed this fault)" in text
+    assert (
+        "re-form:      kill p1: world size 2 after 2.0s "
+        "(seconds to the new rendezvous round: the script prints no steps)"
+    ) in text
+    assert "fault:        kill p0 at 15s (no training step followed this fault)" in text
     assert "pod:          p0: exit 0, restarts 0" in text
+
+
+def test_a_fault_in_a_run_without_steps_is_resolved_by_the_next_round() -> None:
+    s = RunState()
+    attempt(s, 2, 3)
+    s.fault(35, "kill p1")
+    attempt(s, 41.5, 2, restart=1)
+    attempt(s, 50, 3, restart=1)
+    s.fault(60, "kill p2")  # nothing formed after it
+    kill, late = s.as_dict()["reforms"]
+    assert (kill["cause"], kill["world_size"], kill["seconds"]) == ("kill p1", 2, 6.5)
+    assert "new rendezvous round" in kill["note"]
+    assert late["seconds"] is None and "no training step" in late["note"]
