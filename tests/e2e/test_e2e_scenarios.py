@@ -317,13 +317,15 @@ def test_a_users_own_ddp_script_that_prints_nothing_of_ours_gets_a_true_summary(
 ) -> None:
     # tests/e2e/user_script/multinode.py, in the style of pytorch/examples' DDP tutorial:
     # gloo, a snapshot on the shared claim, resumed after a restart; no `[train]` line.
-    # It reaches the pods as a hostPath volume. 30 epochs of about 1 s; pod 1 is SIGKILLed
-    # 35 s after the start (no step to wait for) and stays down 10 s.
+    # It reaches the pods as a hostPath volume. 40 epochs of about 1 s; pod 1 is SIGKILLed
+    # 35 s after the start (no step to wait for) and stays down 15 s. Whether the kill comes
+    # before or after the first round formed, a group of two trains and saves snapshots
+    # without pod 1, and the group re-formed when it comes back resumes from one.
     run = run_local(
         tmp_path,
-        f"--kill={pod(1)}@35:10",
+        f"--kill={pod(1)}@35:15",
         command=[
-            "python", "/opt/user-script/multinode.py", "30", "1",
+            "python", "/opt/user-script/multinode.py", "40", "1",
             "--snapshot-path", "/checkpoints/snapshot.pt", "--epoch-seconds", "1",
         ],
         sets=[
@@ -353,6 +355,7 @@ def test_a_users_own_ddp_script_that_prints_nothing_of_ours_gets_a_true_summary(
     assert s["rendezvous_rounds"] >= 2, run.describe()
     assert 2 in s["world_sizes"], run.describe()
     assert "rendezvous round 2: world size" in run.stdout, run.describe()
+    assert reform(run, f"kill {pod(1)}")["world_size"] == 2, run.describe()
 
 
 def _start_runner(tmp_path: Path) -> tuple[subprocess.Popen[str], list[str]]:
