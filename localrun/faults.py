@@ -1,10 +1,19 @@
-"""Faults on demand: parsing `--kill POD@SECONDS` and friends into a typed schedule."""
+"""Faults on demand: what each kind is, when it fires, and what it does to the cluster
+and the host. The command line that makes them is cli.py."""
 
 from __future__ import annotations
 
-import re
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+
+from localrun import chart
+from localrun.cluster.cluster import Cluster
+from localrun.cluster.pod import Pod
+from localrun.host.network import Network
+
+log = logging.getLogger(__name__)
 
 
 class FaultKind(str, Enum):
@@ -15,17 +24,26 @@ class FaultKind(str, Enum):
     RESTART_RENDEZVOUS = "restart-rendezvous"  # delete the etcd pod; the StatefulSet recreates it
 
 
+#: Kinds that name a pod.
+POD_FAULTS = (FaultKind.KILL, FaultKind.PREEMPT, FaultKind.PARTITION)
+
+
 @dataclass(frozen=True)
 class Fault:
     kind: FaultKind
     at: float  # seconds after the run started
     target: str = ""  # pod name, or worker group / StatefulSet name for SCALE
-    duration: float | None = None  # PARTITION only: None keeps the link down
+    duration: float | None = None  # KILL/PREEMPT: down time; PARTITION: None keeps it down
     replicas: int | None = None  # SCALE only
     at_step: int | None = None  # fire when training reaches this step instead (`@step=N`)
 
     def when(self) -> str:
         return f"step {self.at_step}" if self.at_step is not None else f"{self.at:g}s"
+
+    def due(self, elapsed: float, step: int | None) -> bool:
+        if self.at_step is not None:
+            return step is not None and step >= self.at_step
+        return elapsed >= self.at
 
     def describe(self) -> str:
         if self.kind is FaultKind.SCALE:
@@ -37,72 +55,98 @@ class Fault:
         return f"{self.kind.value} {self.target}"
 
 
-class FaultSyntaxError(ValueError):
-    """A fault argument that does not parse; the message says the expected form."""
-
-
-_SECONDS = r"(\d+(?:\.\d+)?)"
-_WHEN = r"(\d+(?:\.\d+)?|step=\d+)"
-_NAME = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?)"
-_POD_AT = re.compile(rf"^{_NAME}@{_WHEN}$")
-_PARTITION = re.compile(rf"^{_NAME}@{_WHEN}(?::{_SECONDS})?$")
-_SCALE = re.compile(rf"^{_NAME}=(\d+)@{_WHEN}$")
-_AT = re.compile(rf"^@?{_WHEN}$")
-
-
-def _when(text: str) -> dict[str, float | int | None]:
-    """`12.5` (seconds after the start) or `step=N` (when training reaches step N)."""
-    if text.startswith("step="):
-        return {"at": 0.0, "at_step": int(text[5:])}
-    return {"at": float(text), "at_step": None}
-
-
-def parse_pod_fault(kind: FaultKind, text: str) -> Fault:
-    """`POD@SECONDS` for --kill and --preempt."""
-    m = _POD_AT.match(text.strip())
-    if not m:
-        raise FaultSyntaxError(f"--{kind.value} {text!r}: expected POD@SECONDS, e.g. demo-w-1@40")
-    return Fault(kind, target=m.group(1), **_when(m.group(3)))  # type: ignore[arg-type]
-
-
-def parse_partition(text: str) -> Fault:
-    """`POD@SECONDS[:DURATION]`."""
-    m = _PARTITION.match(text.strip())
-    if not m:
-        raise FaultSyntaxError(
-            f"--partition {text!r}: expected POD@SECONDS[:DURATION], e.g. demo-w-1@40:20"
-        )
-    duration = float(m.group(4)) if m.group(4) is not None else None
-    return Fault(FaultKind.PARTITION, target=m.group(1), duration=duration, **_when(m.group(3)))  # type: ignore[arg-type]
-
-
-def parse_scale(text: str) -> Fault:
-    """`GROUP=N@SECONDS`; GROUP is a worker group name or a StatefulSet name."""
-    m = _SCALE.match(text.strip())
-    if not m:
-        raise FaultSyntaxError(f"--scale {text!r}: expected GROUP=N@SECONDS, e.g. workers=3@30")
-    return Fault(FaultKind.SCALE, target=m.group(1), replicas=int(m.group(3)), **_when(m.group(4)))  # type: ignore[arg-type]
-
-
-def parse_restart_rendezvous(text: str) -> Fault:
-    """`SECONDS` (also accepted with a leading `@`)."""
-    m = _AT.match(text.strip())
-    if not m:
-        raise FaultSyntaxError(f"--restart-rendezvous {text!r}: expected @SECONDS, e.g. @45")
-    return Fault(FaultKind.RESTART_RENDEZVOUS, **_when(m.group(1)))  # type: ignore[arg-type]
-
-
-def normalize_argv(argv: list[str]) -> list[str]:
-    """Split `--restart-rendezvous@45` into `--restart-rendezvous 45` for argparse."""
-    out: list[str] = []
-    for arg in argv:
-        if arg.startswith("--restart-rendezvous@"):
-            out += ["--restart-rendezvous", arg.split("@", 1)[1]]
-        else:
-            out.append(arg)
-    return out
-
-
 def schedule(faults: list[Fault]) -> list[Fault]:
     """Faults in the order they fire (stable for equal times); step-triggered ones last."""
     return sorted(faults, key=lambda f: (f.at_step is not None, f.at_step or 0, f.at))
+
+
+class Injector:
+    """Fires the faults of a run when they are due, and heals timed partitions."""
+
+    def __init__(
+        self,
+        faults: list[Fault],
+        cluster: Cluster,
+        network: Network,
+        *,
+        event: Callable[[str], None],
+        scale: Callable[[str, str, int], bool],
+    ) -> None:
+        self.pending = schedule(faults)
+        self.cluster = cluster
+        self.network = network
+        self.event = event
+        self.scale = scale  # (namespace, name, replicas) through the API server; False: failed
+        self.partitions: list[tuple[float, str]] = []  # (link up at, pod)
+
+    def unknown_pods(self) -> list[str]:
+        """Pods named by a fault that no StatefulSet makes."""
+        return [
+            f.target
+            for f in self.pending
+            if f.kind in POD_FAULTS and self.cluster.owner(f.target) is None
+        ]
+
+    def due(self, now: float, elapsed: float, step: int | None) -> list[Fault]:
+        fired = [f for f in self.pending if f.due(elapsed, step)]
+        for f in fired:
+            self.pending.remove(f)
+            self.fire(f, now)
+        return fired
+
+    def healed(self, now: float) -> list[str]:
+        """Pods whose partition ended now (their link is up again)."""
+        out = []
+        for heal_at, pod in list(self.partitions):
+            if now >= heal_at:
+                self.partitions.remove((heal_at, pod))
+                self.network.set_link(pod, True)
+                self.event(f"{pod}: link up (partition over)")
+                out.append(pod)
+        return out
+
+    def fire(self, f: Fault, now: float) -> None:
+        desc = f.describe()
+        self.event(f"FAULT {desc} (at {f.when()})")
+        if f.kind is FaultKind.SCALE:
+            self._scale(f)
+        elif f.kind is FaultKind.RESTART_RENDEZVOUS:
+            targets = [p for p in self.cluster.pods() if chart.is_rendezvous(p.labels)]
+            if not targets:
+                self.event("fault restart-rendezvous: no rendezvous pod")
+            for p in targets:
+                self.cluster.delete(p, now)
+        else:
+            self._pod_fault(f, now)
+
+    def _scale(self, f: Fault) -> None:
+        sets = [(s.name, s.labels) for s in self.cluster.sets.values()]
+        name = chart.find_statefulset(sets, f.target)
+        if name is None:
+            self.event(f"fault {f.describe()}: no StatefulSet or worker group named {f.target!r}")
+            return
+        assert f.replicas is not None
+        if not self.scale(self.cluster.sets[name].namespace, name, f.replicas):
+            self.cluster.scale(name, f.replicas)
+
+    def _pod_fault(self, f: Fault, now: float) -> None:
+        pod = self._find_pod(f.target)
+        if pod is None:
+            self.event(f"fault {f.describe()}: no pod {f.target!r} exists now")
+            return
+        if f.kind is FaultKind.KILL:
+            self.cluster.kill(pod, now, down=f.duration or 0.0)
+        elif f.kind is FaultKind.PREEMPT:
+            self.cluster.delete(pod, now, down=f.duration or 0.0)
+        elif f.kind is FaultKind.PARTITION:
+            self.network.set_link(pod.name, False)
+            self.event(f"{pod.name}: link down")
+            if f.duration is not None:
+                self.partitions.append((now + f.duration, pod.name))
+
+    def _find_pod(self, name: str) -> Pod | None:
+        pod = self.cluster.pod(name)
+        if pod is not None:
+            return pod
+        cands = [p for p in self.cluster.pods() if p.name.endswith("-" + name)]
+        return cands[0] if len(cands) == 1 else None

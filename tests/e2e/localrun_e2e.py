@@ -82,7 +82,7 @@ def runner_argv(release: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "localrun.main",
+        "localrun.cli",
         "run",
         "--chart",
         str(ROOT / "charts" / "elastic-job"),
@@ -101,14 +101,17 @@ def run_local(
     step_seconds: float = 0.5,
     sets: Iterable[str] = (),
     timeout: float = 300,
+    command: list[str] | None = None,
 ) -> LocalRun:
-    """One `elastic-local run` of values-examples/cpu-smoke.yaml with the given extra args."""
+    """One `elastic-local run` of values-examples/cpu-smoke.yaml with the given extra args;
+    the job runs train.py (steps, every, step_seconds) unless `command` is given."""
     out = tmp_path / "out"
     summary_path = tmp_path / "summary.json"
+    job = "job.command={" + ",".join(command) + "}" if command else None
     cmd = [
         *runner_argv(RELEASE),
         "--set",
-        train_command(steps, every, step_seconds),
+        job or train_command(steps, every, step_seconds),
         "--output",
         str(out),
         "--json",
@@ -173,7 +176,9 @@ def assert_cleaned_up(run: LocalRun) -> None:
 
 
 def reform(run: LocalRun, cause_prefix: str) -> dict[str, Any]:
-    found = [r for r in run.summary["reforms"] if r["cause"].startswith(cause_prefix)]
+    found: list[dict[str, Any]] = [
+        r for r in run.summary["reforms"] if r["cause"].startswith(cause_prefix)
+    ]
     assert found, f"no re-form caused by {cause_prefix!r}\n{run.describe()}"
     return found[0]
 

@@ -29,7 +29,7 @@ from localrun_e2e import (
     runner_argv,
 )
 
-from localrun.network import remove_stale
+from localrun.host.network import remove_stale
 
 # Shared scenario helpers live in localrun_e2e.py, imported by name like tests/testlib.py.
 pytestmark = [
@@ -306,6 +306,56 @@ def test_loopback_fallback_without_namespaces_still_trains(tmp_path: Path) -> No
     assert_nothing_lost(run, 10)
     assert run.stdout.count("no namespaces (not root, or --loopback): pods share the host") == 1
     assert re.search(r"ip 127\.\d+\.\d+\.\d+", run.stdout), run.describe()
+
+
+USER_SCRIPT_DIR = ROOT / "tests" / "e2e" / "user_script"
+
+
+@pytest.mark.slow
+def test_a_users_own_ddp_script_that_prints_nothing_of_ours_gets_a_true_summary(
+    tmp_path: Path,
+) -> None:
+    # tests/e2e/user_script/multinode.py, in the style of pytorch/examples' DDP tutorial:
+    # gloo, a snapshot on the shared claim, resumed after a restart; no `[train]` line.
+    # It reaches the pods as a hostPath volume. 40 epochs of about 1 s; pod 1 is SIGKILLed
+    # 35 s after the start (no step to wait for) and stays down 15 s. Whether the kill comes
+    # before or after the first round formed, a group of two trains and saves snapshots
+    # without pod 1, and the group re-formed when it comes back resumes from one.
+    run = run_local(
+        tmp_path,
+        f"--kill={pod(1)}@35:15",
+        command=[
+            "python", "/opt/user-script/multinode.py", "40", "1",
+            "--snapshot-path", "/checkpoints/snapshot.pt", "--epoch-seconds", "1",
+        ],
+        sets=[
+            "worker.extraVolumes[0].name=user-script",
+            f"worker.extraVolumes[0].hostPath.path={USER_SCRIPT_DIR}",
+            "worker.extraVolumeMounts[0].name=user-script",
+            "worker.extraVolumeMounts[0].mountPath=/opt/user-script",
+            "worker.extraVolumeMounts[0].readOnly=true",
+        ],
+        timeout=360,
+    )  # fmt: skip
+    s = run.summary
+    assert run.rc == 0, run.describe()
+    assert s["completed"] is True, run.describe()  # from the completion marker in etcd
+    assert s["etcd_complete"] is True, run.describe()
+    assert s["error"] == "", run.describe()
+    assert s["final_step"] is None and s["checkpoint_steps"] == []  # no step detail
+    for name, p in worker_pods(s).items():
+        assert p["exit_code"] == 0, (name, run.describe())
+    assert "exited 137" in run.events()
+    logs = "".join(run.log(pod(n)) for n in range(3))
+    assert "[train]" not in logs
+    assert "Resuming training from snapshot at Epoch" in logs, "the script resumed"
+    assert_cleaned_up(run)
+    # Rounds and world sizes come from the worker's attempt lines (docs/contracts.md,
+    # images/worker launch.py): this part fails with a worker image that lacks them.
+    assert s["rendezvous_rounds"] >= 2, run.describe()
+    assert 2 in s["world_sizes"], run.describe()
+    assert "rendezvous round 2: world size" in run.stdout, run.describe()
+    assert reform(run, f"kill {pod(1)}")["world_size"] == 2, run.describe()
 
 
 def _start_runner(tmp_path: Path) -> tuple[subprocess.Popen[str], list[str]]:

@@ -18,7 +18,8 @@ import pytest
 from test_topology_mapping import EXPECTED
 from topology_helpers import BIN, INIT_TOPOLOGY, Run, read_env_file
 
-from localrun.apiserver import NODES_DIR, FakeApiServer, load_nodes
+from localrun.cluster.apiserver import FakeApiServer
+from localrun.cluster.nodes import NODES_DIR, load_nodes
 
 RunInit = Callable[..., Run]
 

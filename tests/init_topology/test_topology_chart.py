@@ -38,7 +38,9 @@ import yaml
 from test_topology_mapping import EXPECTED
 from topology_helpers import read_env_file
 
-from localrun.apiserver import SERVICEACCOUNT_MOUNT, FakeApiServer, load_nodes
+from localrun.cluster.apiserver import FakeApiServer
+from localrun.cluster.nodes import load_nodes
+from localrun.cluster.podspec import SERVICEACCOUNT_PATH
 
 RELEASE = "run42"
 NAMESPACE = "ml"
@@ -293,7 +295,7 @@ def run_init_container(
         argv = [
             "unshare", "--mount", "--propagation", "private",
             "sh", "-c", MOUNT_AND_EXEC, "sh",
-            str(api.serviceaccount_dir), str(SERVICEACCOUNT_MOUNT.resolve()),
+            str(api.serviceaccount_dir), str(Path(SERVICEACCOUNT_PATH).resolve()),
             str(inject), str(Path(mount["mountPath"]).resolve()),
             str(image), str(IMAGE_ROOT),
             "true" if readonly_root else "false", str(uid), str(gid), groups,

@@ -25,7 +25,7 @@ from init_topology.mapping import (
     ZONE,
 )
 
-from localrun.apiserver import load_node
+from localrun.cluster.nodes import load_node
 
 DOCUMENTED_EXIT_CODES = {0, 2, 3, 4}
 

@@ -27,7 +27,7 @@ from init_topology.mapping import (
     provider,
 )
 
-from localrun.apiserver import load_node
+from localrun.cluster.nodes import load_node
 
 # What init-topology writes for each fixture with no label map and no user env.
 EXPECTED: dict[str, dict[str, str]] = {

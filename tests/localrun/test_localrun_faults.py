@@ -1,21 +1,25 @@
-"""Fault arguments: --kill POD@SECONDS[:DOWN], --partition, --scale, --restart-rendezvous."""
+"""Faults: the grammar of --kill POD@WHEN[:DOWN], --partition, --scale, --restart-rendezvous,
+and what each does to the cluster when it is due."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from localrun.faults import (
-    Fault,
-    FaultKind,
-    FaultSyntaxError,
+import pytest
+from localrun_fakes import Harness, statefulset
+
+from localrun.cli import (
+    UsageError,
+    build_parser,
+    config_from_args,
     normalize_argv,
     parse_partition,
     parse_pod_fault,
     parse_restart_rendezvous,
     parse_scale,
-    schedule,
 )
-from localrun.main import build_parser, config_from_args
+from localrun.faults import Fault, FaultKind, Injector, schedule
+from localrun.host.network import LoopbackNetwork
 
 
 def test_kill_names_a_pod_and_a_time() -> None:
@@ -57,7 +61,7 @@ def test_restart_rendezvous_accepts_at_sign_and_glued_form() -> None:
     ],
 )
 def test_bad_fault_syntax_says_the_expected_form(fn: object, text: str) -> None:
-    with pytest.raises(FaultSyntaxError, match="expected"):
+    with pytest.raises(UsageError, match="expected"):
         fn(text)  # type: ignore[operator]
 
 
@@ -107,5 +111,100 @@ def test_command_line_collects_every_fault_kind() -> None:
     [("--api-fault", "nodes=200"), ("--api-fault", "403"), ("--backoff", "fast"), ("--kill", "x")],
 )
 def test_bad_command_line_values_are_refused(argv: tuple[str, ...]) -> None:
-    with pytest.raises(FaultSyntaxError):
+    with pytest.raises(UsageError):
         _cfg(*argv)
+
+
+class LinkRecorder(LoopbackNetwork):
+    """The host network as far as faults touch it: the links set up and down."""
+
+    def __init__(self) -> None:
+        super().__init__("t", "cluster.local")
+        self.links: list[tuple[str, bool]] = []
+
+    def set_link(self, pod: str, up: bool) -> None:
+        self.links.append((pod, up))
+
+
+WORKERS = {"app.kubernetes.io/component": "worker", "elastic-job.pytorch.org/group": "default"}
+ETCD = {"app.kubernetes.io/component": "rendezvous"}
+
+
+def _injector(
+    tmp_path: Path, faults: list[Fault], api_scales: bool = True
+) -> tuple[Harness, Injector, LinkRecorder, list[tuple[str, str, int]]]:
+    h = Harness(
+        tmp_path,
+        statefulset(replicas=2, name="demo-job-default", labels=WORKERS),
+        statefulset(replicas=1, name="demo-etcd", labels=ETCD),
+    )
+    net = LinkRecorder()
+    asked: list[tuple[str, str, int]] = []
+
+    def scale(ns: str, name: str, replicas: int) -> bool:
+        asked.append((ns, name, replicas))
+        return api_scales
+
+    inj = Injector(faults, h.cluster, net, event=h.events.append, scale=scale)
+    h.tick(0)
+    for pod in ("demo-job-default-0", "demo-job-default-1", "demo-etcd-0"):
+        h.runtime.running(pod, "init").rc = 0
+    h.tick(0)
+    return h, inj, net, asked
+
+
+def test_a_kill_at_a_step_fires_when_training_reaches_it(tmp_path: Path) -> None:
+    kill = Fault(FaultKind.KILL, 0, target="demo-job-default-1", duration=10, at_step=8)
+    h, inj, _, _ = _injector(tmp_path, [kill])
+    assert inj.due(1, 1, None) == [] and inj.due(2, 2, 7) == []
+    assert inj.due(3, 3, 8) == [kill]
+    main = [c for c in h.runtime.containers if c.spec.pod == "demo-job-default-1"][-1]
+    assert main.spec.container == "main" and main.signals == ["KILL"]
+    assert inj.due(4, 4, 9) == []  # once
+    h.tick(4)
+    h.tick(12.9)
+    assert h.pod("demo-job-default-1").phase.value == "CrashLoopBackOff"  # down 10 s
+    h.tick(13)
+    assert h.pod("demo-job-default-1").restarts == 1
+
+
+def test_scale_goes_through_the_api_server_by_group_name(tmp_path: Path) -> None:
+    scale = Fault(FaultKind.SCALE, 5, target="default", replicas=3)
+    h, inj, _, asked = _injector(tmp_path, [scale])
+    inj.due(5, 5, None)
+    assert asked == [("ns", "demo-job-default", 3)]
+    assert h.cluster.sets["demo-job-default"].replicas == 2  # the API server's callback scales
+
+
+def test_scale_falls_back_to_the_controller_when_the_api_fails(tmp_path: Path) -> None:
+    scale = Fault(FaultKind.SCALE, 5, target="default", replicas=1)
+    h, inj, _, _ = _injector(tmp_path, [scale], api_scales=False)
+    inj.due(5, 5, None)
+    assert h.cluster.sets["demo-job-default"].replicas == 1
+
+
+def test_restart_rendezvous_deletes_only_the_rendezvous_pod(tmp_path: Path) -> None:
+    h, inj, _, _ = _injector(tmp_path, [Fault(FaultKind.RESTART_RENDEZVOUS, 1)])
+    inj.due(1, 1, None)
+    assert h.pod("demo-etcd-0").deleting
+    assert not any(h.pod(f"demo-job-default-{n}").deleting for n in range(2))
+
+
+def test_a_partition_heals_after_its_duration(tmp_path: Path) -> None:
+    part = Fault(FaultKind.PARTITION, 1, target="default-0", duration=20)  # a unique suffix
+    _, inj, net, _ = _injector(tmp_path, [part])
+    inj.due(1, 1, None)
+    assert net.links == [("demo-job-default-0", False)]
+    assert inj.healed(20.9) == []
+    assert inj.healed(21) == ["demo-job-default-0"]
+    assert net.links[-1] == ("demo-job-default-0", True)
+
+
+def test_faults_naming_pods_no_statefulset_makes_are_reported(tmp_path: Path) -> None:
+    faults = [
+        Fault(FaultKind.KILL, 1, target="demo-job-default-1"),
+        Fault(FaultKind.PREEMPT, 1, target="demo-job-default-x"),
+        Fault(FaultKind.PARTITION, 1, target="nobody-0"),
+    ]
+    _, inj, _, _ = _injector(tmp_path, faults)
+    assert inj.unknown_pods() == ["demo-job-default-x", "nobody-0"]

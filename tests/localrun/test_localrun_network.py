@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from localrun.network import (
-    RANGE,
-    PodRecord,
-    ServiceRecord,
-    dns_table,
-    hosts_file,
-    pick_subnet,
-    resolv_conf,
-)
+from localrun.cluster.dns import PodRecord, ServiceRecord, dns_table
+from localrun.host.dnsfiles import hosts_file, resolv_conf
+from localrun.host.network import RANGE, pick_subnet
 
 D = "cluster.local"
 W0 = PodRecord("demo-w-0", "default", "198.18.5.11", "demo-workers")
@@ -65,8 +59,8 @@ def test_resolv_conf_searches_the_namespace_and_fails_fast() -> None:
 def test_pick_subnet_stays_in_the_benchmark_range_and_avoids_used_ones() -> None:
     first = pick_subnet([], 0)
     assert first == ipaddress.ip_network("198.18.0.0/24")
-    used = [ipaddress.ip_network("198.18.0.0/16"), ipaddress.ip_network("198.19.0.0/24")]
+    used = [ipaddress.IPv4Network("198.18.0.0/16"), ipaddress.IPv4Network("198.19.0.0/24")]
     got = pick_subnet(used, 0)
-    assert got.subnet_of(RANGE)  # type: ignore[arg-type]
+    assert got.subnet_of(RANGE)
     assert not any(got.overlaps(u) for u in used)
     assert got == ipaddress.ip_network("198.19.1.0/24")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localrun.podspec import (
+from localrun.cluster.podspec import (
     Container,
     PodIdentity,
     PodSpecError,

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from localrun import process
-from localrun.process import BindMount, container_argv, exit_code, launch_script
+from localrun.cluster.runtime import BindMount
+from localrun.host import process
+from localrun.host.process import container_argv, exit_code, launch_script
 
 
 def test_script_mounts_each_volume_then_execs_the_command() -> None:
@@ -63,36 +64,6 @@ def test_exit_codes_as_kubernetes_reports_them() -> None:
     assert exit_code(3) == 3
     assert exit_code(-9) == 137
     assert exit_code(-15) == 143
-
-
-def test_mountpoints_are_kept_while_used_and_removed_by_the_last_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(process, "STATE_DIR", tmp_path / "state")
-    target = tmp_path / "etc" / "inject"
-    mp = process.Mountpoints()
-    mp.ensure(str(target))
-    assert target.is_dir()
-    # another tool removing "its" directory cannot: the keeper file holds it
-    with pytest.raises(OSError):
-        target.rmdir()
-    mp.release_all()
-    assert not target.exists()
-    assert not (tmp_path / "etc").exists()  # every directory the run created is gone
-
-
-def test_existing_mountpoints_are_left_in_place(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(process, "STATE_DIR", tmp_path / "state")
-    target = tmp_path / "shm"
-    target.mkdir()
-    (target / "data").write_text("x")
-    mp = process.Mountpoints()
-    mp.ensure(str(target))
-    mp.release_all()
-    assert (target / "data").read_text() == "x"
-    assert [p.name for p in target.iterdir()] == ["data"]
 
 
 needs_namespaces = pytest.mark.skipif(
@@ -158,7 +129,7 @@ def test_child_of_a_live_runner_runs_and_gets_sigkill_when_it_dies() -> None:
     child with _die_with, then is SIGKILLed; the child goes with it."""
     code = (
         "import subprocess, os, sys, time\n"
-        "from localrun import process\n"
+        "from localrun.host import process\n"
         "c = subprocess.Popen(['sleep', '60'], preexec_fn=process._die_with(os.getpid()))\n"
         "print(c.pid, flush=True)\n"
         "time.sleep(60)\n"

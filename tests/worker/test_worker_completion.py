@@ -13,7 +13,7 @@ import pytest
 from elastic_worker import completion, config, etcdv2, launch
 from testlib import EtcdServer
 
-from localrun.apiserver import FakeApiServer
+from localrun.cluster.apiserver import FakeApiServer
 
 BASE = {
     "ELASTIC_JOB_ID": "run42",

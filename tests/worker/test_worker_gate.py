@@ -16,7 +16,7 @@ from elastic_worker import gate
 from testlib import EtcdServer, free_port
 from worker_helpers import WORKER, worker_env
 
-from localrun.apiserver import FakeApiServer
+from localrun.cluster.apiserver import FakeApiServer
 
 
 def test_wait_returns_once_every_check_passes() -> None:

@@ -1,4 +1,4 @@
-"""localrun.apiserver: the fake kube-apiserver the init-topology tests and the local runner
+"""localrun.cluster.apiserver: the fake kube-apiserver the init-topology tests and the local runner
 use. Driven with the official client, so what passes here is what real clients see."""
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
-from kubernetes.config.incluster_config import InClusterConfigLoader
+from kubernetes import client  # type: ignore[import-untyped]
+from kubernetes.config.incluster_config import (  # type: ignore[import-untyped]
+    InClusterConfigLoader,
+)
 
-from localrun.apiserver import NODE_PROFILES, FakeApiServer, load_nodes
+from localrun.cluster.apiserver import FakeApiServer
+from localrun.cluster.nodes import NODE_PROFILES, load_nodes
 
 
 @pytest.fixture

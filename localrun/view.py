@@ -1,81 +1,33 @@
-"""Progress: the `[train] ...` log lines parsed, and one view of the run for a person.
-
-On a terminal the view is a table redrawn in place (pods, world size, step, round); when
-stdout is not a terminal each event is one plain line.
+"""The view of a run for a person, read from the run state (state.py): on a terminal a
+table redrawn in place (pods, world size, step, round), else one plain line per event;
+and the summary at the end.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import TextIO
+from pathlib import Path
+from typing import Any, TextIO
 
-_TRAIN = re.compile(r"\[train\]\s+(?:(start|resumed|checkpoint|sigterm|done)\s+)?(step=.*)$")
-_KV = re.compile(r"(\w+)=(\S+)")
-
-
-@dataclass(frozen=True)
-class TrainEvent:
-    kind: str  # step | start | resumed | checkpoint | sigterm | done
-    step: int
-    world_size: int | None = None
-    restart: int | None = None
-    loss: float | None = None
-
-
-def parse_train_line(line: str) -> TrainEvent | None:
-    """One `[train] ...` line of docs/contracts.md, or None for any other line."""
-    m = _TRAIN.search(line)
-    if not m:
-        return None
-    kv = dict(_KV.findall(m.group(2)))
-    kind = m.group(1) or "step"
-    try:
-        step = int(kv["step"])
-        world = int(kv["world_size"]) if "world_size" in kv else None
-        restart = int(kv["restart"]) if "restart" in kv else None
-        loss = float(kv["loss"]) if "loss" in kv else None
-    except (KeyError, ValueError):
-        return None
-    return TrainEvent(kind, step, world, restart, loss)
-
-
-@dataclass
-class PodRow:
-    name: str
-    phase: str = "Pending"
-    node: str = ""
-    ip: str = ""
-    restarts: int = 0
-    last_exit: int | None = None
-    step: int | None = None
-    message: str = ""
-
-
-@dataclass
-class ViewState:
-    pods: dict[str, PodRow] = field(default_factory=dict)
-    world_size: int | None = None
-    step: int | None = None
-    round: int | None = None  # groups formed so far: rendezvous rounds completed
-    checkpoint: int | None = None
-    completed: bool = False
-    note: str = ""
+from localrun.state import RunState
 
 
 class Progress:
-    """Renders ViewState: live table on a TTY, plain event lines otherwise."""
+    """Renders the run state: live table on a TTY, plain event lines otherwise."""
 
     def __init__(
-        self, out: TextIO | None = None, live: bool | None = None, start: float = 0.0
+        self,
+        state: RunState | None = None,
+        out: TextIO | None = None,
+        live: bool | None = None,
+        start: float = 0.0,
     ) -> None:
         self.out = out or sys.stdout
         self.live = self.out.isatty() if live is None else live
         self.start = start or time.monotonic()
-        self.state = ViewState()
+        self.state = state or RunState()
         self._drawn = 0
         self._last_draw = 0.0
 
@@ -106,8 +58,9 @@ class Progress:
 
         head = (
             f"{self.elapsed().strip()}   world size {show(s.world_size)}   step {show(s.step)}   "
-            f"round {show(s.round)}   checkpoint {show(s.checkpoint)}   "
-            f"{'COMPLETE' if s.completed else ''}  {s.note}"
+            f"round {show(s.rendezvous_rounds or None)}   "
+            f"checkpoint {show(s.checkpoint_steps[-1] if s.checkpoint_steps else None)}   "
+            f"{'COMPLETE' if s.completed else ''}"
         )
         width = shutil.get_terminal_size((120, 24)).columns
         rows = [
@@ -116,7 +69,7 @@ class Progress:
             f"{'EXIT':>4}  LAST",
         ]
         for p in s.pods.values():
-            last_exit = "" if p.last_exit is None else str(p.last_exit)
+            last_exit = "" if p.exit_code is None else str(p.exit_code)
             step = "" if p.step is None else str(p.step)
             rows.append(
                 f"{p.name[:34]:34} {p.phase[:16]:16} {p.node[:16]:16} {p.ip:15} {step:>4} "
@@ -140,3 +93,32 @@ class Progress:
     def finish(self) -> None:
         if self.live:
             self.draw(force=True)
+
+
+def summary_text(d: dict[str, Any], logs: Path) -> str:
+    """The end of a run in a few lines, from the summary dict (RunState.as_dict)."""
+    lines = [
+        "",
+        f"completed:    {d['completed']}",
+        f"final step:   {d['final_step']}",
+        f"world sizes:  {' -> '.join(str(w) for w in d['world_sizes']) or '-'}",
+        f"rounds:       {d['rendezvous_rounds']} (groups formed)",
+    ]
+    for r in d["reforms"]:
+        if r["seconds"] is None:  # nothing formed or trained after this fault
+            lines.append(f"fault:        {r['cause']} at {r['fault_at']:g}s ({r['note']})")
+            continue
+        detail = r.get("note") or (
+            f"resumed at step {r['resumed_step']}, steps lost {r['steps_lost']}"
+        )
+        lines.append(
+            f"re-form:      {r['cause']}: world size {r['world_size']} after "
+            f"{r['seconds']:.1f}s ({detail})"
+        )
+    lines.append(f"checkpoints:  {', '.join(str(s) for s in d['checkpoint_steps']) or '-'}")
+    for name, p in d["pods"].items():
+        lines.append(f"pod:          {name}: exit {p['exit_code']}, restarts {p['restarts']}")
+    if d["error"]:
+        lines.append(f"error:        {d['error']}")
+    lines.append(f"logs:         {logs}")
+    return "\n".join(lines) + "\n"

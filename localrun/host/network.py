@@ -9,7 +9,7 @@ Services' and pods' DNS names, and a resolv.conf whose nameserver refuses at onc
 name that is not in the hosts file fails fast, as NXDOMAIN would.
 
 Without root there are no namespaces: pods share the host network on 127.x addresses and
-the runner substitutes DNS names in environment values (LoopbackNetwork).
+runtime.py substitutes DNS names in environment values (LoopbackNetwork).
 """
 
 from __future__ import annotations
@@ -27,96 +27,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from localrun.cluster.dns import PodRecord
+from localrun.host.dnsfiles import hosts_file, resolv_conf
+
 log = logging.getLogger(__name__)
 
 RANGE = ipaddress.IPv4Network("198.18.0.0/15")
 STATE_DIR = Path("/run/elastic-local")
 NETNS_ETC = Path("/etc/netns")
-
-
-@dataclass(frozen=True)
-class ServiceRecord:
-    """A Service as DNS sees it: its name and the pods behind it."""
-
-    name: str
-    namespace: str
-    headless: bool
-    pods: tuple[str, ...]  # pod names selected (running), in ordinal order
-
-
-@dataclass(frozen=True)
-class PodRecord:
-    name: str
-    namespace: str
-    ip: str
-    subdomain: str  # spec.subdomain / StatefulSet serviceName ("" for none)
-
-
-def service_names(svc: str, ns: str, domain: str) -> list[str]:
-    """FQDN first, then the shorter forms a pod in the same namespace can use."""
-    return [f"{svc}.{ns}.svc.{domain}", f"{svc}.{ns}.svc", f"{svc}.{ns}", svc]
-
-
-def pod_names(pod: PodRecord, domain: str) -> list[str]:
-    if not pod.subdomain:
-        return []
-    base = f"{pod.name}.{pod.subdomain}"
-    return [
-        f"{base}.{pod.namespace}.svc.{domain}",
-        f"{base}.{pod.namespace}.svc",
-        f"{base}.{pod.namespace}",
-        base,
-    ]
-
-
-def dns_table(
-    pods: Iterable[PodRecord], services: Iterable[ServiceRecord], domain: str
-) -> dict[str, list[str]]:
-    """name -> addresses, for every pod DNS name and Service name the cluster DNS serves.
-
-    A normal Service resolves to one address (its first selected pod stands in for the
-    ClusterIP); a headless one to every selected pod."""
-    by_name = {p.name: p for p in pods}
-    table: dict[str, list[str]] = {}
-    for p in by_name.values():
-        for n in pod_names(p, domain):
-            table[n] = [p.ip]
-    for s in services:
-        ips = [by_name[n].ip for n in s.pods if n in by_name]
-        if not ips:
-            continue
-        for n in service_names(s.name, s.namespace, domain):
-            table[n] = ips if s.headless else ips[:1]
-    return table
-
-
-def hosts_file(own: PodRecord, table: Mapping[str, list[str]], domain: str) -> str:
-    """/etc/hosts for one pod: localhost, the pod's own names (as the kubelet writes them),
-    then one line per address with every name that resolves to it."""
-    lines = [
-        "# written by elastic-local (localrun/network.py)",
-        "127.0.0.1\tlocalhost",
-        "::1\tlocalhost ip6-localhost ip6-loopback",
-    ]
-    own_names = [*pod_names(own, domain), own.name]
-    by_ip: dict[str, list[str]] = {own.ip: own_names}
-    for name, ips in sorted(table.items()):
-        if name in own_names:
-            continue
-        for ip in ips:
-            by_ip.setdefault(ip, []).append(name)
-    for ip, names in by_ip.items():
-        lines.append(f"{ip}\t{' '.join(names)}")
-    return "\n".join(lines) + "\n"
-
-
-def resolv_conf(namespace: str, domain: str) -> str:
-    return (
-        "# written by elastic-local: names come from /etc/hosts; this nameserver refuses\n"
-        "nameserver 127.0.0.1\n"
-        f"search {namespace}.svc.{domain} svc.{domain} {domain}\n"
-        "options ndots:5 timeout:1 attempts:1\n"
-    )
 
 
 def run_ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -18,11 +18,12 @@ hang without answering (for client timeouts).
 
 Usage (the API is stable; the local runner and tests/init_topology rely on it):
 
-    from localrun.apiserver import FakeApiServer, load_nodes
+    from localrun.cluster.apiserver import FakeApiServer
+    from localrun.cluster.nodes import load_nodes
 
     with FakeApiServer(load_nodes("local"), workdir=tmp_path) as api:
         api.env()                 # {"KUBERNETES_SERVICE_HOST": ..., "KUBERNETES_SERVICE_PORT": ...}
-        api.serviceaccount_dir    # token, ca.crt, namespace: bind-mount at SERVICEACCOUNT_MOUNT
+        api.serviceaccount_dir    # token, ca.crt, namespace (podspec.SERVICEACCOUNT_PATH)
         api.set_fault(r"^/api/v1/nodes/", 403)      # or 404, 500, 429, 503, "hang"
         api.clear_faults()
         api.add_statefulset("default", "run42-worker", replicas=3)
@@ -63,34 +64,6 @@ JsonObject = dict[str, Any]
 Fault = int | Literal["hang"]
 ScaleCallback = Callable[[str, str, int], None]
 
-#: Where the kubelet mounts the service-account token, CA and namespace in every container.
-SERVICEACCOUNT_MOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-
-#: Node fixtures (JSON, shaped like `kubectl get node -o json`).
-NODES_DIR = Path(__file__).resolve().parent / "nodes"
-
-#: Named sets of fixtures (file stems in NODES_DIR) for `load_nodes`.
-NODE_PROFILES: dict[str, tuple[str, ...]] = {
-    # One node of each kind init-topology must recognise.
-    "cloud": (
-        "gke-a3-h100-spot",
-        "eks-p5-efa-karpenter-spot",
-        "aks-nd-h100-v5-infiniband",
-        "onprem-gfd-a100-roce",
-        "cpu-bare",
-    ),
-    # A small CPU cluster for the local runner: workers on spot and on-demand capacity in
-    # two zones, and an on-demand system node for etcd.
-    "local": (
-        "local-spot-0",
-        "local-spot-1",
-        "local-ondemand-0",
-        "local-ondemand-1",
-        "local-system-0",
-    ),
-}
-NODE_PROFILES["all"] = NODE_PROFILES["cloud"] + NODE_PROFILES["local"]
-
 _REASONS = {
     400: "BadRequest",
     401: "Unauthorized",
@@ -110,23 +83,6 @@ _NODE_PATH = re.compile(r"^/api/v1/nodes(?:/(?P<name>[^/]+))?$")
 _STS_PATH = re.compile(
     r"^/apis/apps/v1/namespaces/(?P<ns>[^/]+)/statefulsets/(?P<name>[^/]+)(?P<scale>/scale)?$"
 )
-
-
-def load_node(stem: str) -> JsonObject:
-    """One fixture by file stem (e.g. "eks-p5-efa-karpenter-spot")."""
-    path = NODES_DIR / f"{stem}.json"
-    node: JsonObject = json.loads(path.read_text(encoding="utf-8"))
-    return node
-
-
-def load_nodes(profile: str | Iterable[str] = "all") -> dict[str, JsonObject]:
-    """Fixtures keyed by node name (metadata.name): a profile of NODE_PROFILES or file stems."""
-    stems = NODE_PROFILES[profile] if isinstance(profile, str) else tuple(profile)
-    nodes: dict[str, JsonObject] = {}
-    for stem in stems:
-        node = load_node(stem)
-        nodes[node["metadata"]["name"]] = node
-    return nodes
 
 
 def status_object(code: int, message: str, details: JsonObject | None = None) -> JsonObject:
@@ -437,13 +393,6 @@ class FakeApiServer:
         with self._lock:
             return int(self.statefulsets[(namespace, name)]["spec"]["replicas"])
 
-    def set_ready_replicas(self, namespace: str, name: str, ready: int) -> None:
-        """What the runner's pods report back (status.readyReplicas/availableReplicas)."""
-        with self._lock:
-            status = self.statefulsets[(namespace, name)]["status"]
-            status["readyReplicas"] = ready
-            status["availableReplicas"] = ready
-
     # -- request handling ------------------------------------------------------------------
 
     def handle(self, req: _Handler) -> None:
@@ -704,7 +653,7 @@ def _replicas_from(method: str, ctype: str | None, body: Any) -> int | tuple[int
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         message = f"spec.replicas: Invalid value: {value!r}: must be greater than or equal to 0"
         return 422, f'Scale.autoscaling "" is invalid: {message}'
-    return value
+    return int(value)
 
 
 def _now() -> str:

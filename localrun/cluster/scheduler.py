@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from localrun.podspec import PodSpecError, quantity
+from localrun.cluster.podspec import PodSpecError, quantity
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,207 @@
+"""Everything the local run knows about the elastic-job chart and its images; the
+mini-cluster (cluster/) and the host layer (host/) know none of it.
+
+- which rendered StatefulSets are worker groups and which the rendezvous (labels);
+- what the worker image holds that a host path stands in for (the examples);
+- where the job's completion marker is (the etcd client port, the key, ELASTIC_JOB_ID);
+- the lines the pods print: the worker's attempt line (one per attempt torchrun starts,
+  docs/contracts.md), the reference script's optional `[train]` lines, the worker's own
+  `elastic-worker:` lines. `parse_line` is the one parser of all of them.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localrun.cluster.runtime import BindMount
+
+Obj = dict[str, Any]
+
+COMPONENT = "app.kubernetes.io/component"
+GROUP = "elastic-job.pytorch.org/group"
+RENDEZVOUS = "rendezvous"
+WORKER = "worker"
+
+#: The worker image's examples (train.py), from the checkout.
+IMAGE_EXAMPLES = "/opt/elastic-worker/examples"
+EXAMPLES_SOURCE = Path("images") / "worker" / "examples"
+
+#: The worker's job id (the chart's `job.id`, else derived from release and namespace).
+JOB_ID_ENV = "ELASTIC_JOB_ID"
+#: etcd's client port: the rendezvous container's port of this name, else the default.
+CLIENT_PORT_NAME = "client"
+DEFAULT_CLIENT_PORT = 2379
+
+
+# -- roles -------------------------------------------------------------------------------
+
+
+def is_rendezvous(labels: Mapping[str, str]) -> bool:
+    return labels.get(COMPONENT) == RENDEZVOUS
+
+
+def is_worker(labels: Mapping[str, str]) -> bool:
+    return not is_rendezvous(labels) and (labels.get(COMPONENT) == WORKER or GROUP in labels)
+
+
+def group(name: str, labels: Mapping[str, str]) -> str:
+    """The worker group a StatefulSet runs (its name when it has no group label)."""
+    return labels.get(GROUP, name)
+
+
+def find_statefulset(sets: Iterable[tuple[str, Mapping[str, str]]], target: str) -> str | None:
+    """The StatefulSet `--scale TARGET=N` means: a StatefulSet name, a worker group, or a
+    unique name suffix."""
+    items = list(sets)
+    if any(name == target for name, _ in items):
+        return target
+    groups = [n for n, labels in items if is_worker(labels) and group(n, labels) == target]
+    if len(groups) == 1:
+        return groups[0]
+    suffix = [n for n, _ in items if n.endswith("-" + target)]
+    return suffix[0] if len(suffix) == 1 else None
+
+
+def service_account(statefulsets: Iterable[Obj]) -> str:
+    """The identity of the fake API server's token: the first pod template's account (the
+    chart gives the workers theirs; the fake has one identity)."""
+    for sts in statefulsets:
+        name = sts["spec"]["template"]["spec"].get("serviceAccountName")
+        if name:
+            return str(name)
+    return "default"
+
+
+def image_mounts(root: Path) -> tuple[BindMount, ...]:
+    """What the worker image holds at a fixed path, from the checkout (read-only)."""
+    examples = root / EXAMPLES_SOURCE
+    return (BindMount(str(examples), IMAGE_EXAMPLES, True),) if examples.is_dir() else ()
+
+
+# -- completion --------------------------------------------------------------------------
+
+
+def job_id(env: Mapping[str, str]) -> str:
+    return env.get(JOB_ID_ENV, "")
+
+
+def client_port(pod_spec: Obj) -> int:
+    for c in pod_spec.get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == CLIENT_PORT_NAME:
+                return int(p["containerPort"])
+    return DEFAULT_CLIENT_PORT
+
+
+def completion_url(ip: str, port: int, job: str) -> str:
+    """The worker's marker (elastic_worker.completion), read over etcd's v2 API."""
+    return f"http://{ip}:{port}/v2/keys/elastic-job/{job}/complete"
+
+
+def read_completion(url: str, timeout: float = 2.0) -> bool | None:
+    """True: the job is complete; False: not yet; None: etcd did not answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except urllib.error.HTTPError as exc:
+        return False if exc.code == 404 else None
+    except OSError:
+        return None
+
+
+# -- the pods' lines ---------------------------------------------------------------------
+
+_ATTEMPT = re.compile(r"\[elastic-worker\] attempt (.*)$")
+_TRAIN = re.compile(r"\[train\]\s+(?:(start|resumed|checkpoint|sigterm|done)\s+)?(step=.*)$")
+_KV = re.compile(r"(\w+)=(\S+)")
+WORKER_PREFIX = "elastic-worker:"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt torchrun started (the worker's shim, LOCAL_RANK 0 only). Exactly one
+    member of each rendezvous round has group_rank 0."""
+
+    run_id: str
+    restart: int
+    group_rank: int
+    nodes: int
+    world_size: int
+
+
+@dataclass(frozen=True)
+class TrainEvent:
+    """A `[train]` line of the reference script: step detail, when a script prints them."""
+
+    kind: str  # step | start | resumed | checkpoint | sigterm | done
+    step: int
+    world_size: int | None = None
+    restart: int | None = None
+    loss: float | None = None
+
+
+@dataclass(frozen=True)
+class WorkerMessage:
+    """A line worth showing: the worker's own, or a warning or error of another container."""
+
+    text: str
+    shown: bool  # printed as an event, or only kept as one of the pod's last lines
+
+
+def parse_attempt_line(line: str) -> Attempt | None:
+    m = _ATTEMPT.search(line)
+    if not m:
+        return None
+    kv = dict(_KV.findall(m.group(1)))
+    try:
+        return Attempt(
+            run_id=kv["run_id"],
+            restart=int(kv["restart"]),
+            group_rank=int(kv["group_rank"]),
+            nodes=int(kv["nodes"]),
+            world_size=int(kv["world_size"]),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def parse_train_line(line: str) -> TrainEvent | None:
+    """One `[train] ...` line of docs/contracts.md, or None for any other line."""
+    m = _TRAIN.search(line)
+    if not m:
+        return None
+    kv = dict(_KV.findall(m.group(2)))
+    kind = m.group(1) or "step"
+    try:
+        step = int(kv["step"])
+        world = int(kv["world_size"]) if "world_size" in kv else None
+        restart = int(kv["restart"]) if "restart" in kv else None
+        loss = float(kv["loss"]) if "loss" in kv else None
+    except (KeyError, ValueError):
+        return None
+    return TrainEvent(kind, step, world, restart, loss)
+
+
+def parse_line(container: str, line: str) -> Attempt | TrainEvent | WorkerMessage | None:
+    """What a pod's line says, or None when it says nothing the run tracks."""
+    attempt = parse_attempt_line(line)
+    if attempt is not None:
+        return attempt
+    train = parse_train_line(line)
+    if train is not None:
+        return train
+    text = line.strip()
+    if text.startswith(WORKER_PREFIX) or (
+        container not in {WORKER, "etcd"}
+        and any(w in text.lower() for w in ("warn", "error", "fail"))
+    ):
+        return WorkerMessage(text, shown=True)
+    if container == WORKER and ("Error" in text or "error:" in text):
+        return WorkerMessage(text, shown=False)
+    return None

@@ -1,0 +1,235 @@
+"""`elastic-local run`: the chart's rendered pods on this machine, with faults on demand.
+
+    elastic-local run --chart charts/elastic-job -f values-examples/cpu-smoke.yaml \\
+        --kill demo-elastic-job-default-1@40:20 --json out/summary.json
+
+The command line and the fault grammar, in one place: everything a user types is parsed
+here, into one RunConfig, and every mistake ends in one line that names the value and
+the expected form (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from pathlib import Path
+
+from localrun.cluster.apiserver import Fault as ApiFault
+from localrun.faults import Fault, FaultKind
+from localrun.run import EXIT_USAGE, RunConfig, Runner
+
+log = logging.getLogger(__name__)
+
+
+class UsageError(ValueError):
+    """A command-line value that cannot be used; the message says the expected form."""
+
+
+# -- the fault grammar ---------------------------------------------------------------------
+# WHEN is seconds after the start (`12.5`) or `step=N` (when training reaches step N).
+
+_SECONDS = r"(\d+(?:\.\d+)?)"
+_WHEN = r"(\d+(?:\.\d+)?|step=\d+)"
+_NAME = r"([a-z0-9](?:[-a-z0-9.]*[a-z0-9])?)"
+_POD_AT = re.compile(rf"^{_NAME}@{_WHEN}(?::{_SECONDS})?$")
+_SCALE = re.compile(rf"^{_NAME}=(\d+)@{_WHEN}$")
+_AT = re.compile(rf"^@?{_WHEN}$")
+_FORMS = {
+    FaultKind.KILL: "POD@WHEN[:DOWN], e.g. demo-w-1@40 or demo-w-1@step=20:15",
+    FaultKind.PREEMPT: "POD@WHEN[:DOWN], e.g. demo-w-1@40 or demo-w-1@step=20:15",
+    FaultKind.PARTITION: "POD@WHEN[:DURATION], e.g. demo-w-1@40:20",
+}
+
+
+def _when(text: str) -> tuple[float, int | None]:
+    """(seconds, None) or (0, step) for `step=N`."""
+    if text.startswith("step="):
+        return 0.0, int(text[5:])
+    return float(text), None
+
+
+def parse_pod_fault(kind: FaultKind, text: str) -> Fault:
+    """`POD@WHEN[:DOWN]` for --kill and --preempt, `POD@WHEN[:DURATION]` for --partition."""
+    m = _POD_AT.match(text.strip())
+    if not m:
+        raise UsageError(f"--{kind.value} {text!r}: expected {_FORMS[kind]}")
+    at, step = _when(m.group(2))
+    duration = float(m.group(3)) if m.group(3) is not None else None
+    return Fault(kind, at, target=m.group(1), duration=duration, at_step=step)
+
+
+def parse_partition(text: str) -> Fault:
+    return parse_pod_fault(FaultKind.PARTITION, text)
+
+
+def parse_scale(text: str) -> Fault:
+    """`GROUP=N@WHEN`; GROUP is a worker group name or a StatefulSet name."""
+    m = _SCALE.match(text.strip())
+    if not m:
+        raise UsageError(f"--scale {text!r}: expected GROUP=N@WHEN, e.g. workers=3@30")
+    at, step = _when(m.group(3))
+    return Fault(FaultKind.SCALE, at, target=m.group(1), replicas=int(m.group(2)), at_step=step)
+
+
+def parse_restart_rendezvous(text: str) -> Fault:
+    """`WHEN` (also accepted with a leading `@`)."""
+    m = _AT.match(text.strip())
+    if not m:
+        raise UsageError(f"--restart-rendezvous {text!r}: expected @WHEN, e.g. @45")
+    at, step = _when(m.group(1))
+    return Fault(FaultKind.RESTART_RENDEZVOUS, at, at_step=step)
+
+
+def parse_api_fault(text: str) -> tuple[str, ApiFault]:
+    """`REGEX=STATUS`: STATUS an HTTP error code or `hang`."""
+    regex, sep, status = text.rpartition("=")
+    if not sep or not regex:
+        raise UsageError(f"--api-fault {text!r}: expected REGEX=STATUS, e.g. '/api/v1/nodes/=403'")
+    if status == "hang":
+        return regex, "hang"
+    if not status.isdigit() or not 400 <= int(status) <= 599:
+        raise UsageError(f"--api-fault {text!r}: STATUS is an HTTP error code or 'hang'")
+    return regex, int(status)
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """Split `--restart-rendezvous@45` into `--restart-rendezvous 45` for argparse."""
+    out: list[str] = []
+    for arg in argv:
+        if arg.startswith("--restart-rendezvous@"):
+            out += ["--restart-rendezvous", arg.split("@", 1)[1]]
+        else:
+            out.append(arg)
+    return out
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="elastic-local", description=__doc__.split("\n")[0].strip("`"))
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="render the chart and run its pods here")
+    r.add_argument("--chart", type=Path, default=Path("charts/elastic-job"))
+    r.add_argument("-f", "--values", type=Path, action="append", default=[], help="values file")
+    r.add_argument("--set", dest="sets", action="append", default=[], metavar="K=V")
+    r.add_argument("--release", default="demo", help="release name (default: demo)")
+    r.add_argument("--namespace", default="default")
+    r.add_argument("--profile", default="local", help="node profile of localrun/cluster/nodes.py")
+    r.add_argument("--cluster-domain", default="cluster.local")
+    g = r.add_argument_group("faults (WHEN: seconds after the start, or step=N)")
+    g.add_argument(
+        "--kill",
+        action="append",
+        default=[],
+        metavar="POD@WHEN[:DOWN]",
+        help="SIGKILL the pod's container; the kubelet restarts it (not before DOWN seconds)",
+    )
+    g.add_argument(
+        "--preempt",
+        action="append",
+        default=[],
+        metavar="POD@WHEN[:DOWN]",
+        help="spot reclaim: SIGTERM, SIGKILL after the grace period; recreated (after DOWN s)",
+    )
+    g.add_argument("--partition", action="append", default=[], metavar="POD@WHEN[:DURATION]")
+    g.add_argument("--scale", action="append", default=[], metavar="GROUP=N@WHEN")
+    g.add_argument(
+        "--restart-rendezvous",
+        action="append",
+        default=[],
+        metavar="@WHEN",
+        help="also --restart-rendezvous@WHEN",
+    )
+    g.add_argument(
+        "--api-fault",
+        action="append",
+        default=[],
+        metavar="REGEX=STATUS",
+        help="the fake API server answers matching paths with STATUS (403, 500, ... or hang)",
+    )
+    r.add_argument("--json", dest="json_path", type=Path, help="write the run summary here")
+    r.add_argument("--output", type=Path, help="logs directory (default out/elastic-local/<time>)")
+    r.add_argument("--timeout", type=float, default=1800.0, help="give up after this many seconds")
+    r.add_argument(
+        "--backoff",
+        default="10:300",
+        metavar="BASE[:CAP]",
+        help="container restart back-off in seconds (kubelet: 10:300)",
+    )
+    r.add_argument(
+        "--give-up-after",
+        type=int,
+        default=5,
+        metavar="N",
+        help="end the run when every worker pod failed N times in a row (0: never)",
+    )
+    view = r.add_mutually_exclusive_group()
+    view.add_argument("--live", dest="live", action="store_true", default=None, help="live view")
+    view.add_argument("--plain", dest="live", action="store_false", help="plain lines")
+    r.add_argument("--loopback", action="store_true", help="no namespaces even as root")
+    r.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def _backoff(text: str) -> tuple[float, float]:
+    base, _, cap = text.partition(":")
+    try:
+        backoff_base = float(base)
+        return backoff_base, float(cap) if cap else max(backoff_base, 300.0)
+    except ValueError:
+        raise UsageError(f"--backoff {text!r}: expected BASE[:CAP] in seconds") from None
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    faults = [parse_pod_fault(FaultKind.KILL, t) for t in args.kill]
+    faults += [parse_pod_fault(FaultKind.PREEMPT, t) for t in args.preempt]
+    faults += [parse_partition(t) for t in args.partition]
+    faults += [parse_scale(t) for t in args.scale]
+    faults += [parse_restart_rendezvous(t) for t in args.restart_rendezvous]
+    backoff_base, backoff_cap = _backoff(args.backoff)
+    if not args.values:
+        raise UsageError("no values file: pass -f values-examples/cpu-smoke.yaml (for example)")
+    for v in args.values:
+        if not v.exists():
+            raise UsageError(f"-f {v}: no such file")
+    return RunConfig(
+        chart=args.chart,
+        values=args.values,
+        sets=args.sets,
+        release=args.release,
+        namespace=args.namespace,
+        profile=args.profile,
+        cluster_domain=args.cluster_domain,
+        faults=faults,
+        api_faults=[parse_api_fault(t) for t in args.api_fault],
+        json_path=args.json_path,
+        output=args.output,
+        timeout=args.timeout,
+        backoff_base=backoff_base,
+        backoff_cap=backoff_cap,
+        give_up_after=args.give_up_after,
+        live=args.live,
+        loopback=args.loopback,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="elastic-local: %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        cfg = config_from_args(args)
+    except UsageError as exc:
+        print(f"elastic-local: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return Runner(cfg).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""The kubelet: one pod's containers through their lifecycle (pod.py), on an injected
+container runtime (runtime.py).
+
+Init containers in order, then the container; restartPolicy Always with exponential
+back-off (base, 2*base, ... capped, reset after the container ran long enough); deletion
+is SIGTERM to PID 1, then SIGKILL after terminationGracePeriodSeconds.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from localrun.cluster import podspec, volumes
+from localrun.cluster.nodes import allocatable, internal_ip
+from localrun.cluster.pod import Backoff, Phase, Pod
+from localrun.cluster.podspec import Container, PodIdentity
+from localrun.cluster.runtime import ContainerRuntime, ContainerSpec, LineSink
+
+#: How long a pod whose container config cannot be built waits before the next try.
+CONFIG_ERROR_RETRY = 3600.0
+
+
+@dataclass
+class PodEvents:
+    """What the kubelet tells its owner, besides the lines of the containers."""
+
+    event: Callable[[str], None]
+    line: LineSink
+    container_started: Callable[[Pod, Container], None]
+    container_exited: Callable[[Pod, Container, int, float], None]
+
+
+@dataclass(frozen=True)
+class KubeletConfig:
+    workdir: Path  # pod directories live under workdir/pods
+    logdir: Path  # logs/<pod>/<container>.log
+    base_env: Mapping[str, str]  # what the image and the runtime set (PATH, KUBERNETES_*)
+    backoff_base: float = 10.0
+    backoff_cap: float = 300.0
+
+
+class Kubelet:
+    def __init__(
+        self,
+        cfg: KubeletConfig,
+        runtime: ContainerRuntime,
+        sources: volumes.VolumeSources,
+        nodes: Mapping[str, podspec.Obj],
+        events: PodEvents,
+    ) -> None:
+        self.cfg = cfg
+        self.runtime = runtime
+        self.sources = sources
+        self.nodes = nodes
+        self.events = events
+        self.backoffs: dict[str, Backoff] = {}
+
+    # -- what a user or a controller asks ------------------------------------------------
+
+    def delete(self, pod: Pod, now: float) -> None:
+        """`kubectl delete pod`: SIGTERM now, SIGKILL after the grace period."""
+        if pod.deleting:
+            return
+        pod.deleting = True
+        pod.kill_at = now + pod.sts.grace
+        if pod.proc is not None:
+            pod.enter(Phase.TERMINATING)
+            pod.proc.terminate()
+            self.events.event(f"{pod.name}: deleting (SIGTERM, grace {pod.sts.grace:g}s)")
+
+    def kill(self, pod: Pod, now: float, down: float = 0.0) -> None:
+        """SIGKILL every process of the pod's running container; restarted after back-off,
+        not before `down` seconds."""
+        pod.down_until = max(pod.down_until, now + down)
+        if pod.proc is not None:
+            pod.proc.kill()
+
+    def placed(self, pod: Pod, node: str) -> None:
+        """The scheduler bound the pod to `node`: make its sandbox and directory."""
+        pod.node = node
+        pod.ip = self.runtime.run_sandbox(pod.name, pod.incarnation)
+        pod.dir = self.cfg.workdir / "pods" / f"{pod.name}-{pod.incarnation}"
+        pod.dir.mkdir(parents=True, exist_ok=True)
+        self.events.event(f"{pod.name}: scheduled on {node}, ip {pod.ip}")
+
+    # -- the sync loop -------------------------------------------------------------------
+
+    def sync(self, pod: Pod, now: float) -> bool:
+        """One step of the pod's lifecycle; True when the pod was removed."""
+        if pod.proc is not None:
+            rc = pod.proc.poll()
+            if rc is None:
+                if pod.deleting and pod.kill_at is not None and now >= pod.kill_at:
+                    self.events.event(f"{pod.name}: grace period over, SIGKILL")
+                    pod.proc.kill()
+                    pod.kill_at = None
+                return False
+            self._exited(pod, rc, now)
+        if pod.deleting:
+            self.remove(pod)
+            self.events.event(f"{pod.name}: deleted")
+            return True
+        if pod.phase == Phase.PENDING:
+            if now < pod.down_until:
+                pod.message = f"waiting for a node ({pod.down_until - now:.0f}s)"
+            elif pod.node:
+                self._start(pod, now)
+        elif pod.phase == Phase.BACKOFF and now >= max(pod.next_start, pod.down_until):
+            self._start(pod, now)
+        return False
+
+    def _exited(self, pod: Pod, rc: int, now: float) -> None:
+        assert pod.proc is not None
+        ran_for = now - pod.proc.started
+        c = pod.current
+        pod.proc = None
+        if pod.in_init:
+            self.events.container_exited(pod, c, rc, now)
+            if rc == 0:
+                pod.step += 1
+                if not pod.deleting:
+                    self._start(pod, now)
+                return
+            pod.failures_in_row += 1
+            self.events.event(f"{pod.name}: init container {c.name} exited {rc}")
+        else:
+            pod.last_exit = rc
+            if rc == 0:
+                pod.zero_exit_at = now
+                pod.failures_in_row = 0
+            else:
+                pod.failures_in_row += 1
+            self.events.container_exited(pod, c, rc, now)
+        if pod.deleting:
+            return
+        backoff = self.backoffs.setdefault(
+            pod.name, Backoff(self.cfg.backoff_base, self.cfg.backoff_cap)
+        )
+        delay = backoff.next_delay(ran_for)
+        pod.next_start = now + delay
+        pod.enter(Phase.BACKOFF)
+        wait = max(pod.next_start, pod.down_until) - now
+        pod.message = f"{c.name} exited {rc}; restart in {wait:.0f}s"
+        self.events.event(f"{pod.name}: {c.name} exited {rc}; back-off {wait:.0f}s")
+
+    def remove(self, pod: Pod) -> None:
+        """The pod's sandbox and directory go; the pod is Gone."""
+        self.runtime.remove_sandbox(pod.name)
+        if pod.dir is not None:
+            shutil.rmtree(pod.dir, ignore_errors=True)
+        pod.enter(Phase.GONE)
+        self.backoffs.pop(pod.name, None)
+
+    # -- starting containers -------------------------------------------------------------
+
+    def _identity(self, pod: Pod) -> PodIdentity:
+        node = self.nodes.get(pod.node, {})
+        labels = {**pod.sts.labels, "statefulset.kubernetes.io/pod-name": pod.name}
+        labels["apps.kubernetes.io/pod-index"] = str(pod.ordinal)
+        return PodIdentity(
+            name=pod.name,
+            namespace=pod.sts.namespace,
+            uid=pod.uid,
+            node_name=pod.node,
+            pod_ip=pod.ip,
+            host_ip=internal_ip(node) or self.runtime.host_ip,
+            service_account=pod.sts.pod_spec.get("serviceAccountName") or "default",
+            labels=labels,
+            annotations=pod.sts.annotations,
+            node_allocatable=allocatable(node),
+        )
+
+    def _spec(self, pod: Pod, c: Container) -> ContainerSpec:
+        base = {**self.cfg.base_env, "HOSTNAME": pod.name}
+        containers = {x.name: x for x in pod.sts.init_containers + pod.sts.containers}
+        env = podspec.resolve_env(
+            c,
+            self._identity(pod),
+            containers,
+            configmaps=self.sources.configmaps,
+            secrets=self.sources.secrets,
+            base=base,
+        )
+        return ContainerSpec(
+            pod=pod.name,
+            container=c.name,
+            argv=podspec.command_line(c, env),
+            env=env,
+            mounts=volumes.mounts(pod, c, self.sources),
+            working_dir=c.working_dir,
+            log_path=self.cfg.logdir / pod.name / f"{c.name}.log",
+        )
+
+    def _start(self, pod: Pod, now: float) -> None:
+        c = pod.current
+        try:
+            spec = self._spec(pod, c)
+        except podspec.PodSpecError as exc:
+            pod.enter(Phase.BACKOFF)
+            pod.next_start = now + CONFIG_ERROR_RETRY
+            pod.message = f"CreateContainerConfigError: {exc}"
+            self.events.event(f"{pod.name}: {pod.message}")
+            return
+        if not pod.in_init and pod.main_started:
+            pod.restarts += 1  # restartCount: counted when the container starts again
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(spec.log_path, "a") as fh:
+            fh.write(
+                f"==== elastic-local: {c.name} start (pod incarnation {pod.incarnation}, "
+                f"restarts {pod.restarts}) at {time.strftime('%H:%M:%S')} ====\n"
+            )
+        pod.proc = self.runtime.start(spec, self.events.line)
+        pod.enter(Phase.INIT if pod.in_init else Phase.RUNNING)
+        pod.message = ""
+        if not pod.in_init:
+            pod.main_started = True
+            pod.env = spec.env
+        self.events.container_started(pod, c)
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def stop(self, pods: list[Pod], grace: float) -> dict[str, int | None]:
+        """SIGTERM every container, SIGKILL what is left after `grace`, remove the pods.
+        Returns the exit code of each main container that was running."""
+        running = [(p, p.proc) for p in pods if p.proc is not None]
+        codes: dict[str, int | None] = {}
+        for _, proc in running:
+            proc.terminate()
+        deadline = time.monotonic() + grace
+        for p, proc in running:
+            rc = proc.wait(max(0.0, deadline - time.monotonic()))
+            if rc is None:
+                proc.kill()
+                rc = proc.wait(5)
+            if not p.in_init:
+                codes[p.name] = rc
+        for p in pods:
+            p.deleting = True
+            p.proc = None
+            self.remove(p)
+        return codes

@@ -1,0 +1,116 @@
+"""What the local run knows of the elastic-job chart: roles, the completion marker, and the
+lines the pods print (the worker's attempt lines, the reference script's `[train]` lines)."""
+
+from __future__ import annotations
+
+import urllib.parse
+import urllib.request
+
+from testlib import EtcdServer
+
+from localrun import chart
+from localrun.chart import Attempt, TrainEvent, WorkerMessage, parse_attempt_line, parse_line
+from localrun.chart import parse_train_line as parse_train
+
+
+def _labels(component: str, group: str | None = None) -> dict[str, str]:
+    labels = {"app.kubernetes.io/component": component}
+    if group:
+        labels["elastic-job.pytorch.org/group"] = group
+    return labels
+
+
+def test_statefulsets_are_told_apart_by_the_chart_labels() -> None:
+    w = _labels("worker", "default")
+    assert chart.is_worker(w) and not chart.is_rendezvous(w)
+    assert chart.group("x-worker", w) == "default"
+    e = _labels("rendezvous")
+    assert chart.is_rendezvous(e) and not chart.is_worker(e)
+    assert chart.is_worker({"elastic-job.pytorch.org/group": "gpu"})  # a group label is enough
+
+
+def test_scale_target_is_a_statefulset_a_worker_group_or_a_unique_suffix() -> None:
+    sets = [
+        ("demo-elastic-job-default", _labels("worker", "default")),
+        ("demo-elastic-job-big", _labels("worker", "big")),
+        ("demo-etcd-rendezvous", _labels("rendezvous")),
+    ]
+    assert chart.find_statefulset(sets, "demo-etcd-rendezvous") == "demo-etcd-rendezvous"
+    assert chart.find_statefulset(sets, "big") == "demo-elastic-job-big"
+    assert chart.find_statefulset(sets, "job-default") == "demo-elastic-job-default"
+    assert chart.find_statefulset(sets, "nothing") is None
+
+
+def test_attempt_lines_of_the_contract_parse() -> None:
+    line = (
+        "[elastic-worker] attempt run_id=demo-default restart=2 group_rank=0 nodes=3 world_size=6"
+    )
+    assert parse_attempt_line(line) == Attempt("demo-default", 2, 0, 3, 6)
+    assert parse_line("worker", line) == Attempt("demo-default", 2, 0, 3, 6)
+    # a member that is not group rank 0 says it too; only its fields differ
+    other = "[elastic-worker] attempt run_id=j restart=0 group_rank=1 nodes=2 world_size=2"
+    assert parse_attempt_line(other) == Attempt("j", 0, 1, 2, 2)
+
+
+def test_lines_that_are_not_attempt_lines_are_not_taken_for_one() -> None:
+    for line in (
+        "[elastic-worker] attempt run_id=j restart=x group_rank=0 nodes=2 world_size=2",
+        "[elastic-worker] attempt run_id=j restart=0 group_rank=0 world_size=2",
+        "elastic-worker: attempt run_id=j restart=0 group_rank=0 nodes=2 world_size=2",
+        "[train] step=1 world_size=2 restart=0 loss=0.5",
+    ):
+        assert parse_attempt_line(line) is None, line
+
+
+def test_parses_every_train_line_of_the_contract() -> None:
+    assert parse_train("[train] step=7 world_size=3 restart=1 loss=0.25") == TrainEvent(
+        "step", 7, 3, 1, 0.25
+    )
+    assert parse_train("[train] resumed step=10") == TrainEvent("resumed", 10)
+    assert parse_train("[train] start step=10 world_size=2 restart=1") == TrainEvent(
+        "start", 10, 2, 1
+    )
+    assert parse_train("[train] checkpoint step=20") == TrainEvent("checkpoint", 20)
+    assert parse_train("[train] sigterm step=21") == TrainEvent("sigterm", 21)
+    assert parse_train("[train] done step=60") == TrainEvent("done", 60)
+
+
+def test_other_lines_are_not_events() -> None:
+    for line in ("elastic-worker: waiting", "[train] started", "[train] step=x", "train step=1"):
+        assert parse_train(line) is None
+
+
+def test_worker_lines_and_other_containers_warnings_are_shown() -> None:
+    assert parse_line("worker", "elastic-worker: waiting for etcd") == WorkerMessage(
+        "elastic-worker: waiting for etcd", shown=True
+    )
+    assert parse_line("init-topology", "WARNING: 403 Forbidden") == WorkerMessage(
+        "WARNING: 403 Forbidden", shown=True
+    )
+    # the training script's errors are kept for the give-up message, not printed
+    assert parse_line("worker", "RuntimeError: boom") == WorkerMessage(
+        "RuntimeError: boom", shown=False
+    )
+    assert parse_line("worker", "epoch 3 loss 0.1") is None
+    assert parse_line("etcd", "a warning from etcd") is None
+
+
+def test_client_port_comes_from_the_rendered_container() -> None:
+    spec = {"containers": [{"name": "etcd", "ports": [{"name": "client", "containerPort": 2479}]}]}
+    assert chart.client_port(spec) == 2479
+    assert chart.client_port({"containers": [{"name": "etcd"}]}) == 2379
+
+
+def test_completion_marker_is_read_where_the_worker_writes_it(etcd: EtcdServer) -> None:
+    host, port = etcd.endpoint.rsplit(":", 1)
+    url = chart.completion_url(host, int(port), "run42-ns")
+    assert chart.read_completion(url) is False
+    # the key of docs/contracts.md, as elastic_worker.completion sets it
+    put = urllib.request.Request(
+        f"{etcd.url}/v2/keys/elastic-job/run42-ns/complete",
+        data=urllib.parse.urlencode({"value": '{"pod": "w-0"}'}).encode(),
+        method="PUT",
+    )
+    urllib.request.urlopen(put, timeout=5).close()
+    assert chart.read_completion(url) is True
+    assert chart.read_completion(chart.completion_url("127.0.0.1", 9, "x"), timeout=1) is None
