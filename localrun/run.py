@@ -336,8 +336,19 @@ class Runner:
         url = self._completion_url()
         found = chart.read_completion(url) if url else None
         if found:
+            self.state.etcd_complete = True
             self.state.complete(now, "completion marker set in etcd")
+        elif url is None and self._rendezvous_scaled_to_zero():
+            # The worker that set the marker scales the etcd StatefulSet to 0 last (the
+            # chart's scale-down), as elastic-worker itself reads it: the job is complete.
+            found = True
+            self.state.complete(now, "the job scaled its rendezvous StatefulSet to 0")
         return found
+
+    def _rendezvous_scaled_to_zero(self) -> bool:
+        assert self.cluster is not None
+        sets = [s for s in self.cluster.sets.values() if chart.is_rendezvous(s.labels)]
+        return bool(sets) and all(s.replicas == 0 for s in sets)
 
     def _poll_completion(self, now: float) -> None:
         if self.state.completed or now < self._next_completion_check:
@@ -395,7 +406,11 @@ class Runner:
         if self.cluster is not None:
             url = self._completion_url()
             with contextlib.suppress(Exception):
-                self.state.etcd_complete = chart.read_completion(url, timeout=3) if url else None
+                self.state.rendezvous_scaled_to_zero = self._rendezvous_scaled_to_zero()
+                # A marker seen earlier stands: at the end etcd may be scaled to 0 already.
+                found = chart.read_completion(url, timeout=3) if url else None
+                if found is not None or self.state.etcd_complete is None:
+                    self.state.etcd_complete = found
             self.state.observe(self.cluster.pods(), self._partitioned)
             try:
                 for name, rc in self.cluster.stop(grace=3.0).items():

@@ -81,6 +81,9 @@ class RunState:
         self.pods: dict[str, PodState] = {}
         self.completed_at: float | None = None
         self.etcd_complete: bool | None = None
+        #: The rendezvous StatefulSet's replicas were 0 at the end (the chart's scale-down
+        #: takes it to 0 after the workers, so that nothing pins a node).
+        self.rendezvous_scaled_to_zero = False
         self.rounds: list[Round] = []
         self.train_rounds = 0  # `[train] start` lines: the fallback count
         self.step: int | None = None  # highest training step seen
@@ -307,6 +310,7 @@ class RunState:
             "faults": self.faults,
             "steps_went_back_past_checkpoint": self.steps_went_back_past_checkpoint,
             "etcd_complete": self.etcd_complete,
+            "rendezvous_scaled_to_zero": self.rendezvous_scaled_to_zero,
             "duration_seconds": round(self.duration, 1),
             "error": self.error,
         }

@@ -179,3 +179,24 @@ def test_the_rendezvous_counts_as_done_only_at_zero_replicas(tmp_path: Path) -> 
         assert not completion.rendezvous_scaled_to_zero(cfg)
         off = config.load(["train.py"], {**env, "ELASTIC_SCALE_DOWN": "false"})
         assert not completion.rendezvous_scaled_to_zero(off)
+
+
+def test_success_after_another_pod_scaled_etcd_away_exits_0_at_once(tmp_path: Path) -> None:
+    """Every node finishes at once: the first sets the marker and scales etcd to 0; the
+    others, unable to reach etcd, read that scale and leave at once (not after 30 s)."""
+    with FakeApiServer(workdir=tmp_path / "api") as api:
+        api.add_statefulset("default", "run42-etcd", replicas=0)
+        env = {
+            **BASE,
+            "ELASTIC_RDZV_ENDPOINT": "127.0.0.1:9",  # nothing listens: etcd is gone
+            "ELASTIC_SCALE_DOWN": "true",
+            "ELASTIC_RENDEZVOUS_STATEFULSET": "run42-etcd",
+            "ELASTIC_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir),
+            **api.env(),
+        }
+        cfg = config.load(["train.py"], env)
+        client = etcdv2.Client(cfg.rdzv_url)
+        sup = launch.Supervisor([sys.executable, "-c", "pass"], {}, cfg, client)
+        start = time.monotonic()
+        assert sup.run() == 0
+        assert time.monotonic() - start < 10

@@ -296,6 +296,13 @@ class Supervisor:
                 completion.mark_complete(self.client, self.config)
                 break
             except etcdv2.EtcdError as exc:
+                # Another pod may have finished first and scaled etcd to 0 already.
+                if completion.rendezvous_scaled_to_zero(self.config):
+                    logger.info(
+                        "training succeeded; job %s is complete (its rendezvous was scaled to 0)",
+                        self.config.job_id,
+                    )
+                    return
                 if time.monotonic() >= deadline:
                     logger.error("training succeeded but the marker could not be set: %s", exc)
                     return
