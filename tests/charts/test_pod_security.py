@@ -6,6 +6,7 @@ computed by pod_security.py (the Pod Security Standards' controls as data)."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -230,3 +231,32 @@ def test_claimed_level_refuses_a_missing_unknown_or_double_claim(text: str) -> N
     """No claim, an unknown level, two claims, or one after the first key: an error."""
     with pytest.raises(ValueError, match="Pod Security"):
         claimed_level(text)
+
+
+# --- docs/rdma.md agrees with the examples ----------------------------------------------
+
+RDMA_DOC = EXAMPLES.parent / "docs" / "rdma.md"
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
+    headings = re.findall(r"^#+ (.+)$", markdown, re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("values", [*EXAMPLE_FILES, ROOT_FALLBACK], ids=lambda p: p.name)
+def test_links_to_docs_rdma_name_existing_sections(values: Path) -> None:
+    """Every `docs/rdma.md#section` an example's comments point at is a heading there."""
+    anchors = _anchors(RDMA_DOC.read_text())
+    for anchor in re.findall(r"docs/rdma\.md#([\w-]+)", values.read_text()):
+        assert anchor in anchors, f"{values.name}: docs/rdma.md has no section #{anchor}"
+
+
+def test_docs_rdma_table_states_the_examples_levels() -> None:
+    """docs/rdma.md's table gives, per example (and the root overlay), the level that the
+    values file itself states."""
+    rows = re.findall(r"^\| (.+) \| .+ \| .+ \| (\w+) \|$", RDMA_DOC.read_text(), re.MULTILINE)
+    assert len(rows) == len(RDMA_EXAMPLES) + 1
+    for first, stated in rows:
+        path = EXAMPLES.parent / re.findall(r"`(values-examples/[^`]+)`", first)[-1]
+        assert stated == claimed_level(path.read_text()), first
