@@ -147,6 +147,9 @@ def restricted_violations(spec: Mapping[str, Any]) -> list[str]:
             out.append(f"volume {vol['name']}: {sorted(kinds)} is not an allowed volume type")
     if pod.get("runAsUser") == 0:
         out.append("pod: runAsUser 0")
+    # An explicit false on the pod fails even when every container says true.
+    if pod.get("runAsNonRoot") is False:
+        out.append("pod: runAsNonRoot false")
     pod_seccomp = (pod.get("seccompProfile") or {}).get("type") in SECCOMP_ALLOWED
     for ctr in _containers(spec):
         name, ctx = ctr["name"], _ctx(ctr)
@@ -202,6 +205,8 @@ def level(objs: Iterable[Mapping[str, Any]]) -> tuple[str, dict[str, list[str]]]
         why[name] = baseline_violations(spec, annotations) + (
             restricted_violations(spec) if found != "restricted" else []
         )
+    if not why:
+        raise ValueError("the render has no pods: no level to judge")
     return LEVELS[worst], why
 
 

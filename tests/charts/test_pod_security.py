@@ -166,6 +166,7 @@ _CTX = "containers/0/securityContext"
         (f"{_CTX}/windowsOptions", {"hostProcess": True}, "privileged"),
         ("containers/0/ports", [{"containerPort": 80, "hostPort": 80}], "privileged"),
         ("securityContext/runAsNonRoot", None, "baseline"),
+        ("securityContext/runAsNonRoot", False, "baseline"),
         ("securityContext/runAsUser", 0, "baseline"),
         ("securityContext/seccompProfile", None, "baseline"),
         ("securityContext/sysctls", [{"name": "net.core.somaxconn", "value": "1"}], "privileged"),
@@ -260,3 +261,9 @@ def test_docs_rdma_table_states_the_examples_levels() -> None:
     for first, stated in rows:
         path = EXAMPLES.parent / re.findall(r"`(values-examples/[^`]+)`", first)[-1]
         assert stated == claimed_level(path.read_text()), first
+
+
+def test_a_render_without_pods_has_no_level() -> None:
+    """A render with no pod is an error, never a vacuous "restricted"."""
+    with pytest.raises(ValueError, match="no pods"):
+        level([{"kind": "Service", "metadata": {"name": "s"}, "spec": {}}])
