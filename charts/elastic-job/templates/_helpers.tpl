@@ -311,7 +311,7 @@ StatefulSet, each with the reason, as its checkov.io/skipN annotations.
 {{- end -}}
 {{- $caps := (($w.containerSecurityContext.capabilities | default dict).add | default list) -}}
 {{- if $caps -}}
-{{- $skips = append $skips (printf "CKV_K8S_25=capabilities %s were added in worker.containerSecurityContext by the user (RDMA and EFA need IPC_LOCK to lock memory)" (join "," $caps)) -}}
+{{- $skips = append $skips (printf "CKV_K8S_25=capabilities %s were added in worker.containerSecurityContext by the user (e.g. IPC_LOCK for the root RDMA fallback, docs/rdma.md)" (join "," $caps)) -}}
 {{- end -}}
 {{- if $w.automountServiceAccountToken -}}
 {{- if include "elastic-job.scaleDown" .root -}}
