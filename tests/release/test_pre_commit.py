@@ -40,7 +40,7 @@ def test_hooks_are_the_test_commands_checks() -> None:
     """ruff check, ruff format --check (as scripts/test), the chart docs check and
     yamllint with ct's config, all from .venv: nothing for pre-commit to download."""
     hooks = {h["id"]: h for h in _hooks()}
-    assert set(hooks) >= {"ruff-check", "ruff-format", "gen-chart-docs", "yamllint"}
+    assert set(hooks) >= {"ruff-check", "ruff-format", "mypy", "gen-chart-docs", "yamllint"}
     test_script = (ROOT / "scripts" / "test").read_text()
     assert "ruff check ." in test_script and "ruff format --check ." in test_script
     for hook in hooks.values():
