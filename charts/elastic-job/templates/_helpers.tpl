@@ -355,8 +355,19 @@ StatefulSet, each with the reason, as its checkov.io/skipN annotations.
 {{- $skips = append $skips "CKV_K8S_22=training libraries write caches (torch compile, triton) under /tmp and $HOME; see worker.containerSecurityContext" -}}
 {{- end -}}
 {{- $caps := (($w.containerSecurityContext.capabilities | default dict).add | default list) -}}
+{{- /* Capabilities the user's own containers add (a fabric daemon such as tcpxo-daemon). */ -}}
+{{- $added := list -}}
+{{- range $list := list "extraInitContainers" "extraContainers" -}}
+{{- range $c := index $w $list -}}
+{{- $add := ((($c.securityContext | default dict).capabilities | default dict).add | default list) -}}
+{{- if $add }}{{ $added = append $added (printf "%s in worker.%s[%s]" (join "," $add) $list $c.name) }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- $extra := ternary (printf "; capabilities %s were added by the user for the fabric's daemon" (join "; " $added)) "" (not (empty $added)) -}}
 {{- if $caps -}}
-{{- $skips = append $skips (printf "CKV_K8S_25=capabilities %s were added in worker.containerSecurityContext by the user (RDMA and EFA need IPC_LOCK to lock memory)" (join "," $caps)) -}}
+{{- $skips = append $skips (printf "CKV_K8S_25=capabilities %s were added in worker.containerSecurityContext by the user (RDMA and EFA need IPC_LOCK to lock memory)%s" (join "," $caps) $extra) -}}
+{{- else if $added -}}
+{{- $skips = append $skips (printf "CKV_K8S_25=%s" (trimPrefix "; " $extra)) -}}
 {{- end -}}
 {{- if $w.automountServiceAccountToken -}}
 {{- if include "elastic-job.scaleDown" .root -}}
