@@ -44,6 +44,17 @@ CASES = [
         "global.commonLabels.app.kubernetes.io/name",
         ("global.commonLabels.app\\.kubernetes\\.io/name=mine",),
     ),
+    Bad(
+        "common-label-kueue-queue",
+        "global.commonLabels.kueue.x-k8s.io/queue-name",
+        ("global.commonLabels.kueue\\.x-k8s\\.io/queue-name=team-a",),
+    ),
+    Bad(
+        "common-label-kueue-queue-etcd-alone",
+        "global.commonLabels.kueue.x-k8s.io/queue-name",
+        ("global.commonLabels.kueue\\.x-k8s\\.io/queue-name=team-a",),
+        chart=ETCD,
+    ),
     Bad("common-label-bad-value", "global.commonLabels", ("global.commonLabels.team=a b",)),
     Bad(
         "digest-twice",

@@ -19,6 +19,7 @@ from chart_render import (
 
 QUEUE = "kueue.x-k8s.io/queue-name"
 PRIORITY = "kueue.x-k8s.io/priority-class"
+KUEUE_SETS = ("gang.kueue.enabled=true", "gang.kueue.queueName=q")
 
 
 def test_every_worker_statefulset_carries_the_queue_label() -> None:
@@ -89,3 +90,19 @@ def test_created_local_queue_takes_queue_name() -> None:
     assert one(objs, "LocalQueue")["metadata"]["name"] == "mine"
     (sts,) = worker_statefulsets(objs)
     assert sts["metadata"]["labels"][QUEUE] == "mine"
+
+
+def test_a_group_at_zero_replicas_is_allowed() -> None:
+    """A group with 0 replicas makes no Workload (Kueue admits it once scaled up from zero,
+    the one resize Kueue allows), so it need not reach job.minNodes."""
+    objs = objects(
+        ELASTIC_JOB,
+        sets=[
+            *KUEUE_SETS,
+            "job.minNodes=2",
+            "workerGroups.default.replicas=2",
+            "workerGroups.later.replicas=0",
+        ],
+    )
+    replicas = {s["metadata"]["name"]: s["spec"]["replicas"] for s in worker_statefulsets(objs)}
+    assert replicas == {f"{RELEASE}-elastic-job-default": 2, f"{RELEASE}-elastic-job-later": 0}

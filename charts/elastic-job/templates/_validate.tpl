@@ -162,9 +162,10 @@ none that loads code or says where code is loaded from. */ -}}
 {{- fail "gang.kueue.localQueue.clusterQueue is empty while gang.kueue.localQueue.create is true: name the ClusterQueue the LocalQueue submits to" -}}
 {{- end -}}
 {{- /* Kueue admits each StatefulSet whole and alone: a group smaller than job.minNodes
-could be admitted first and hold its quota while its pods wait for the others. */ -}}
+could be admitted first and hold its quota while its pods wait for the others. A group at 0
+replicas makes no Workload until it is scaled up. */ -}}
 {{- range $name, $g := $v.workerGroups -}}
-{{- if and $g (lt ($g.replicas | int64) ($v.job.minNodes | int64)) -}}
+{{- if and $g (gt ($g.replicas | int64) 0) (lt ($g.replicas | int64) ($v.job.minNodes | int64)) -}}
 {{- fail (printf "workerGroups.%s.replicas (%d) is below job.minNodes (%d) while gang.kueue.enabled: Kueue admits each group's StatefulSet as its own all-or-nothing Workload, so this group could be admitted alone and hold its quota without ever training; give every group at least job.minNodes replicas, lower job.minNodes, or use gang.volcano (one PodGroup over all groups)" $name ($g.replicas | int64) ($v.job.minNodes | int64)) -}}
 {{- end -}}
 {{- end -}}

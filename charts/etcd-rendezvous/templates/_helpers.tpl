@@ -63,13 +63,14 @@ helm.sh/chart: {{ include "etcd-rendezvous.chart" . | quote }}
 {{/*
 global.commonLabels as label lines, each after a newline, sorted; keys in .except (a pod's
 own podLabels, which win) are left out. The same rule as elastic-job's twin helper: the
-charts' own label keys may not be repeated.
+charts' own label keys may not be repeated, nor Kueue's (a queue label on every object
+would have Kueue gate the etcd pod too).
 */}}
 {{- define "etcd-rendezvous.commonLabels" -}}
 {{- $common := (.Values.global | default dict).commonLabels | default dict -}}
 {{- $except := .except | default dict -}}
 {{- range $key := keys $common | sortAlpha }}
-{{- if or (hasPrefix "app.kubernetes.io/" $key) (eq $key "helm.sh/chart") (hasPrefix "elastic-job.pytorch.org/" $key) }}
+{{- if or (hasPrefix "app.kubernetes.io/" $key) (eq $key "helm.sh/chart") (hasPrefix "elastic-job.pytorch.org/" $key) (hasPrefix "kueue.x-k8s.io/" $key) }}
 {{- fail (printf "global.commonLabels.%s: the charts set this label themselves; remove it from global.commonLabels (use another key)" $key) }}
 {{- end }}
 {{- if not (hasKey $except $key) }}
