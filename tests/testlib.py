@@ -39,6 +39,10 @@ UPSTREAM_CRDS = {
         "argoproj/argo-cd/37ee0097cf851bc2dd7665fc081bbce61a7e836e",
         "manifests/crds/application-crd.yaml",
     ),
+    "kueue/kueue.x-k8s.io_localqueues.yaml": (
+        "kubernetes-sigs/kueue/ff69552e79ad21652c36caa97038382e55625cf7",
+        "config/components/crd/bases/kueue.x-k8s.io_localqueues.yaml",
+    ),
     "cert-manager/certificates.yaml": (
         "cert-manager/cert-manager/2d0d7f7f74241a9cbf79f0e2a7bb247238ee09fd",
         "deploy/crds/cert-manager.io_certificates.yaml",

@@ -14,7 +14,7 @@ from chart_render import KUBERNETES_VERSIONS, Case, cases, kubernetes_errors, ob
 from testlib import shared_dir
 
 CASES = cases()
-CRD_GROUPS = ("scheduling.volcano.sh", "cert-manager.io", "monitoring.coreos.com")
+CRD_GROUPS = ("scheduling.volcano.sh", "cert-manager.io", "monitoring.coreos.com", "kueue.x-k8s.io")
 
 
 def _is_crd_backed(obj: dict[str, Any]) -> bool:
@@ -92,9 +92,9 @@ def _metadata_free(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_crd_objects_validate_against_upstream_crd_schemas() -> None:
-    """PodGroup (gang.volcano.enabled) and Certificate (etcd-rendezvous.tls.certManager)
-    against the upstream CRDs' openAPIV3Schema, unknown fields refused, for every
-    configuration that renders one."""
+    """PodGroup (gang.volcano.enabled), LocalQueue (gang.kueue.localQueue.create) and
+    Certificate (etcd-rendezvous.tls.certManager) against the upstream CRDs'
+    openAPIV3Schema, unknown fields refused, for every configuration that renders one."""
     shared = shared_dir()
     if shared is None:
         pytest.skip(
@@ -117,6 +117,7 @@ def test_crd_objects_validate_against_upstream_crd_schemas() -> None:
     assert any("ci/gang-values.yaml: PodGroup" in c for c in checked), checked
     assert any("tls-cert-manager.yaml: Certificate" in c for c in checked), checked
     assert any("etcd-monitoring.yaml: ServiceMonitor" in c for c in checked), checked
+    assert any("kueue-local-queue.yaml: LocalQueue" in c for c in checked), checked
 
 
 def test_crd_check_refuses_an_unknown_podgroup_field() -> None:
@@ -131,5 +132,22 @@ def test_crd_check_refuses_an_unknown_podgroup_field() -> None:
     case = next(c for c in CASES if c.name.endswith("ci/gang-values.yaml"))
     podgroup = next(o for o in objects(case) if o["kind"] == "PodGroup")
     bad = {**podgroup, "spec": {**podgroup["spec"], "minMembers": 2}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, _strict(_metadata_free(schema)))
+
+
+def test_crd_check_refuses_a_local_queue_without_its_cluster_queue() -> None:
+    """The LocalQueue check is not vacuous: the CRD refuses a misspelt clusterQueue."""
+    shared = shared_dir()
+    if shared is None:
+        pytest.skip(
+            "upstream CRDs: ../shared is not beside this checkout and fetching them "
+            "from upstream failed (offline?); set ELASTIC_SHARED_DIR"
+        )
+    schema = _crd_schemas(shared)[("kueue.x-k8s.io", "v1beta2", "LocalQueue")]
+    case = next(c for c in CASES if c.name.endswith("kueue-local-queue.yaml"))
+    queue = next(o for o in objects(case) if o["kind"] == "LocalQueue")
+    jsonschema.validate(queue, _strict(_metadata_free(schema)))
+    bad = {**queue, "spec": {"clusterQueu": queue["spec"]["clusterQueue"]}}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, _strict(_metadata_free(schema)))

@@ -89,7 +89,27 @@ def test_rdma_examples_name_the_root_fallback_and_it_needs_privileged(values: Pa
         assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
 
 
-_UNCLAIMED = [c for c in cases() if not c.name.startswith("elastic-job:values-examples/")]
+# Test-only values that turn on what only "privileged" admits, on purpose (each says why).
+_PRIVILEGED_ON_PURPOSE = {
+    "elastic-job:tests/fabric-pod-settings.yaml": "hostNetwork: true",
+}
+_UNCLAIMED = [
+    c
+    for c in cases()
+    if not c.name.startswith("elastic-job:values-examples/")
+    and c.name not in _PRIVILEGED_ON_PURPOSE
+]
+
+
+@pytest.mark.parametrize(("name", "why"), sorted(_PRIVILEGED_ON_PURPOSE.items()))
+def test_test_values_that_need_privileged_need_it_for_the_stated_reason(
+    name: str, why: str
+) -> None:
+    (case,) = [c for c in cases() if c.name == name]
+    objs = objects(case)
+    found, reasons = level(objs)
+    assert found == "privileged", _explain(objs)
+    assert any(why in r for rs in reasons.values() for r in rs), _explain(objs)
 
 
 @pytest.mark.parametrize("case", _UNCLAIMED, ids=str)

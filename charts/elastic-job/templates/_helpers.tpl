@@ -31,13 +31,33 @@ app.kubernetes.io/instance: {{ .root.Release.Name | quote }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
-{{/* All labels of a component's objects. Call with (dict "root" $ "component" "worker"). */}}
+{{/* All labels of a component's objects, global.commonLabels last. Call with (dict "root" $
+"component" "worker"), and "except" <podLabels> in a pod template (its podLabels win). */}}
 {{- define "elastic-job.labels" -}}
 {{ include "elastic-job.selectorLabels" . }}
 app.kubernetes.io/part-of: elastic-job
 app.kubernetes.io/managed-by: {{ .root.Release.Service | quote }}
 app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 helm.sh/chart: {{ include "elastic-job.chart" .root | quote }}
+{{- include "elastic-job.commonLabels" . }}
+{{- end -}}
+
+{{/*
+global.commonLabels as label lines, each after a newline, sorted; keys in .except are left
+out. The charts' own label keys may not be repeated (a duplicate key is invalid YAML, and a
+changed selector label would orphan pods). Twin of etcd-rendezvous.commonLabels.
+*/}}
+{{- define "elastic-job.commonLabels" -}}
+{{- $common := (.root.Values.global | default dict).commonLabels | default dict -}}
+{{- $except := .except | default dict -}}
+{{- range $key := keys $common | sortAlpha }}
+{{- if or (hasPrefix "app.kubernetes.io/" $key) (eq $key "helm.sh/chart") (hasPrefix "elastic-job.pytorch.org/" $key) (hasPrefix "kueue.x-k8s.io/" $key) }}
+{{- fail (printf "global.commonLabels.%s: the charts set this label themselves; remove it from global.commonLabels (use another key)" $key) }}
+{{- end }}
+{{- if not (hasKey $except $key) }}
+{{ $key }}: {{ index $common $key | toString | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -92,6 +112,12 @@ worker container see the token.
 {{- if and $v.rbac.scaleDown.enabled (or $v.serviceAccount.create $v.serviceAccount.name) $v.worker.automountServiceAccountToken -}}
 true
 {{- end -}}
+{{- end -}}
+
+{{/* The LocalQueue the worker StatefulSets go to: gang.kueue.queueName, else the one the
+chart creates (gang.kueue.localQueue.create), named like the release. */}}
+{{- define "elastic-job.kueueQueueName" -}}
+{{- .Values.gang.kueue.queueName | default (include "elastic-job.fullname" .) -}}
 {{- end -}}
 
 {{- define "elastic-job.podGroupName" -}}
@@ -203,14 +229,43 @@ bundled etcd has cert-manager issue its certificates, the Secrets it names.
 {{- end -}}
 {{- end -}}
 
+{{/*
+An image reference: global.imageRegistry replaces the repository's registry host (the
+first path part when it has a "." or ":" or is "localhost"), or prefixes a repository
+without one; then ":tag" (default the appVersion); then "@digest" when .image.digest is
+set: pulled by digest, the tag kept for readers. Twin of etcd-rendezvous.image.
+*/}}
 {{- define "elastic-job.image" -}}
-{{- printf "%s:%s" .image.repository (.image.tag | default .root.Chart.AppVersion | toString) -}}
+{{- $repo := .image.repository -}}
+{{- $registry := (.root.Values.global | default dict).imageRegistry | default "" | trimSuffix "/" -}}
+{{- if $registry -}}
+{{- $parts := splitList "/" $repo -}}
+{{- if and (gt (len $parts) 1) (regexMatch "[.:]|^localhost$" (first $parts)) -}}
+{{- $repo = join "/" (rest $parts) -}}
+{{- end -}}
+{{- $repo = printf "%s/%s" $registry $repo -}}
+{{- end -}}
+{{- $ref := printf "%s:%s" $repo (.image.tag | default .root.Chart.AppVersion | toString) -}}
+{{- with .image.digest }}{{ $ref = printf "%s@%s" $ref . }}{{ end -}}
+{{- $ref -}}
+{{- end -}}
+
+{{/* imagePullSecrets entries from names or {name: ...} objects (worker.imagePullSecrets). */}}
+{{- define "elastic-job.imagePullSecrets" -}}
+{{- range . }}
+{{- if kindIs "map" . }}
+- name: {{ .name | quote }}
+{{- else }}
+- name: {{ . | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/*
 A group's effective settings over the worker defaults, as YAML. Call with
 (dict "root" $ "name" <group> "group" <group values>). nodeSelector, env, podLabels and
-podAnnotations merge (the group wins); the rest replace when the group sets them.
+podAnnotations merge (the group wins); the rest (tolerations, affinity,
+topologySpreadConstraints, resources, gpus, priorityClassName) replace when the group sets them.
 */}}
 {{- define "elastic-job.groupSettings" -}}
 {{- $w := .root.Values.worker -}}
@@ -220,7 +275,7 @@ podAnnotations merge (the group wins); the rest replace when the group sets them
 {{- $_ := set $out "env" (merge (deepCopy ($g.env | default dict)) ($w.env | default dict)) -}}
 {{- $_ := set $out "podLabels" (merge (deepCopy ($g.podLabels | default dict)) ($w.podLabels | default dict)) -}}
 {{- $_ := set $out "podAnnotations" (merge (deepCopy ($g.podAnnotations | default dict)) ($w.podAnnotations | default dict)) -}}
-{{- range $key := list "tolerations" "affinity" "resources" "gpus" "priorityClassName" -}}
+{{- range $key := list "tolerations" "affinity" "topologySpreadConstraints" "resources" "gpus" "priorityClassName" -}}
 {{- if hasKey $g $key -}}
 {{- $_ := set $out $key (index $g $key) -}}
 {{- else -}}
@@ -310,8 +365,19 @@ StatefulSet, each with the reason, as its checkov.io/skipN annotations.
 {{- $skips = append $skips "CKV_K8S_22=training libraries write caches (torch compile, triton) under /tmp and $HOME; see worker.containerSecurityContext" -}}
 {{- end -}}
 {{- $caps := (($w.containerSecurityContext.capabilities | default dict).add | default list) -}}
+{{- /* Capabilities the user's own containers add (a fabric daemon such as tcpxo-daemon). */ -}}
+{{- $added := list -}}
+{{- range $list := list "extraInitContainers" "extraContainers" -}}
+{{- range $c := index $w $list -}}
+{{- $add := ((($c.securityContext | default dict).capabilities | default dict).add | default list) -}}
+{{- if $add }}{{ $added = append $added (printf "%s in worker.%s[%s]" (join "," $add) $list $c.name) }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- $extra := ternary (printf "; capabilities %s were added by the user for the fabric's daemon" (join "; " $added)) "" (not (empty $added)) -}}
 {{- if $caps -}}
-{{- $skips = append $skips (printf "CKV_K8S_25=capabilities %s were added in worker.containerSecurityContext by the user (e.g. IPC_LOCK for the root RDMA fallback, docs/rdma.md)" (join "," $caps)) -}}
+{{- $skips = append $skips (printf "CKV_K8S_25=capabilities %s were added in worker.containerSecurityContext by the user (e.g. IPC_LOCK for the root RDMA fallback, docs/rdma.md)%s" (join "," $caps) $extra) -}}
+{{- else if $added -}}
+{{- $skips = append $skips (printf "CKV_K8S_25=%s" (trimPrefix "; " $extra)) -}}
 {{- end -}}
 {{- if $w.automountServiceAccountToken -}}
 {{- if include "elastic-job.scaleDown" .root -}}
@@ -322,6 +388,9 @@ StatefulSet, each with the reason, as its checkov.io/skipN annotations.
 {{- end -}}
 {{- if not .root.Values.networkPolicy.enabled -}}
 {{- $skips = append $skips "CKV2_K8S_6=networkPolicy.enabled was turned off by the user" -}}
+{{- end -}}
+{{- if $w.hostNetwork -}}
+{{- $skips = append $skips "CKV_K8S_19=worker.hostNetwork was set by the user: the fabric needs the node's network namespace" -}}
 {{- end -}}
 {{- toYaml $skips -}}
 {{- end -}}

@@ -143,4 +143,57 @@ none that loads code or says where code is loaded from. */ -}}
 {{- if and $v.gang.volcano.enabled (not $v.gang.volcano.queue) -}}
 {{- fail "gang.volcano.queue is empty while gang.volcano.enabled is true: name a Volcano queue (e.g. default)" -}}
 {{- end -}}
+{{- include "elastic-job.validateGang" . -}}
+{{- include "elastic-job.validatePod" . -}}
+{{- end -}}
+
+{{/* Gang admission: Volcano or Kueue, and what Kueue can admit. */}}
+{{- define "elastic-job.validateGang" -}}
+{{- $v := .Values -}}
+{{- $k := $v.gang.kueue -}}
+{{- if and $v.gang.volcano.enabled $k.enabled -}}
+{{- fail "gang.volcano.enabled and gang.kueue.enabled are both true: a job is admitted by one of them; set one to false" -}}
+{{- end -}}
+{{- if $k.enabled -}}
+{{- if and (not $k.queueName) (not $k.localQueue.create) -}}
+{{- fail "gang.kueue.queueName is empty while gang.kueue.enabled is true: name the LocalQueue of this namespace the job is submitted to, or set gang.kueue.localQueue.create=true and gang.kueue.localQueue.clusterQueue" -}}
+{{- end -}}
+{{- if and $k.localQueue.create (not $k.localQueue.clusterQueue) -}}
+{{- fail "gang.kueue.localQueue.clusterQueue is empty while gang.kueue.localQueue.create is true: name the ClusterQueue the LocalQueue submits to" -}}
+{{- end -}}
+{{- /* Kueue admits each StatefulSet whole and alone: a group smaller than job.minNodes
+could be admitted first and hold its quota while its pods wait for the others. A group at 0
+replicas makes no Workload until it is scaled up. */ -}}
+{{- range $name, $g := $v.workerGroups -}}
+{{- if and $g (gt ($g.replicas | int64) 0) (lt ($g.replicas | int64) ($v.job.minNodes | int64)) -}}
+{{- fail (printf "workerGroups.%s.replicas (%d) is below job.minNodes (%d) while gang.kueue.enabled: Kueue admits each group's StatefulSet as its own all-or-nothing Workload, so this group could be admitted alone and hold its quota without ever training; give every group at least job.minNodes replicas, lower job.minNodes, or use gang.volcano (one PodGroup over all groups)" $name ($g.replicas | int64) ($v.job.minNodes | int64)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The pod settings fabrics add: names the chart owns, images, host networking. */}}
+{{- define "elastic-job.validatePod" -}}
+{{- $v := .Values -}}
+{{- $w := $v.worker -}}
+{{- $seen := dict "init-topology" "the chart's init container" "worker" "the chart's worker container" -}}
+{{- range $list := list "extraInitContainers" "extraContainers" -}}
+{{- range $i, $c := index $w $list -}}
+{{- if hasKey $seen $c.name -}}
+{{- fail (printf "worker.%s[%d].name %q is already %s: container names in a pod are unique; rename it" $list $i $c.name (index $seen $c.name)) -}}
+{{- end -}}
+{{- $_ := set $seen $c.name (printf "worker.%s[%d]" $list $i) -}}
+{{- end -}}
+{{- end -}}
+{{- range $at, $img := dict "initTopology.image" $v.initTopology.image "worker.image" $w.image "tests.image" $v.tests.image -}}
+{{- if and $img.digest (contains "@" ($img.tag | toString)) -}}
+{{- fail (printf "%s.tag %q already holds a digest and %s.digest is set too: keep one (%s.digest, with the plain tag)" $at ($img.tag | toString) $at $at) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $w.hostNetwork (include "elastic-job.etcdEnabled" .) -}}
+{{- $etcd := index $v "etcd-rendezvous" -}}
+{{- if ($etcd.networkPolicy | default dict).enabled -}}
+{{- fail "worker.hostNetwork is true while etcd-rendezvous.networkPolicy.enabled is true: NetworkPolicies cannot select host-network pods, so the bundled etcd's policy would drop every worker's connection; set etcd-rendezvous.networkPolicy.enabled=false (or turn hostNetwork off)" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

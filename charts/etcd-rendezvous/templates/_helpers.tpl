@@ -49,12 +49,65 @@ app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/component: rendezvous
 {{- end -}}
 
+{{/* All labels of the chart's objects. A pod template passes (dict "Values" "Release" "Chart"
+"except" <podLabels>) so that its own podLabels win over global.commonLabels. */}}
 {{- define "etcd-rendezvous.labels" -}}
 {{ include "etcd-rendezvous.selectorLabels" . }}
 app.kubernetes.io/part-of: elastic-job
 app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ include "etcd-rendezvous.chart" . | quote }}
+{{- include "etcd-rendezvous.commonLabels" (dict "Values" .Values "except" .except) }}
+{{- end -}}
+
+{{/*
+global.commonLabels as label lines, each after a newline, sorted; keys in .except (a pod's
+own podLabels, which win) are left out. The same rule as elastic-job's twin helper: the
+charts' own label keys may not be repeated, nor Kueue's (a queue label on every object
+would have Kueue gate the etcd pod too).
+*/}}
+{{- define "etcd-rendezvous.commonLabels" -}}
+{{- $common := (.Values.global | default dict).commonLabels | default dict -}}
+{{- $except := .except | default dict -}}
+{{- range $key := keys $common | sortAlpha }}
+{{- if or (hasPrefix "app.kubernetes.io/" $key) (eq $key "helm.sh/chart") (hasPrefix "elastic-job.pytorch.org/" $key) (hasPrefix "kueue.x-k8s.io/" $key) }}
+{{- fail (printf "global.commonLabels.%s: the charts set this label themselves; remove it from global.commonLabels (use another key)" $key) }}
+{{- end }}
+{{- if not (hasKey $except $key) }}
+{{ $key }}: {{ index $common $key | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The etcd image reference: global.imageRegistry replaces the repository's registry host
+(or prefixes a repository without one), then ":tag", then "@digest" when image.digest is
+set (the tag is kept: the chart checks it names a 3.5 release). Twin of elastic-job.image.
+*/}}
+{{- define "etcd-rendezvous.image" -}}
+{{- $repo := .Values.image.repository -}}
+{{- $registry := (.Values.global | default dict).imageRegistry | default "" | trimSuffix "/" -}}
+{{- if $registry -}}
+{{- $parts := splitList "/" $repo -}}
+{{- if and (gt (len $parts) 1) (regexMatch "[.:]|^localhost$" (first $parts)) -}}
+{{- $repo = join "/" (rest $parts) -}}
+{{- end -}}
+{{- $repo = printf "%s/%s" $registry $repo -}}
+{{- end -}}
+{{- $ref := printf "%s:%s" $repo (.Values.image.tag | toString) -}}
+{{- with .Values.image.digest }}{{ $ref = printf "%s@%s" $ref . }}{{ end -}}
+{{- $ref -}}
+{{- end -}}
+
+{{/* imagePullSecrets entries, from names or {name: ...} objects. Twin of elastic-job's. */}}
+{{- define "etcd-rendezvous.imagePullSecrets" -}}
+{{- range . }}
+{{- if kindIs "map" . }}
+- name: {{ .name | quote }}
+{{- else }}
+- name: {{ . | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* A size as Kubernetes reads it: YAML integers in full (2147483648, which Helm holds as
@@ -121,6 +174,9 @@ A digest may follow the tag (v3.5.21@sha256:...).
 {{- end -}}
 {{- if or (lt $major 3) (and (eq $major 3) (lt $minor 5)) (and (eq $major 3) (eq $minor 5) (lt $patch 11)) -}}
 {{- fail (printf "%simage.tag %q is older than 3.5.11, the first release with /livez and /readyz for the probes; pin a 3.5 release, 3.5.11 or later (e.g. v3.5.21)" $at $tag) -}}
+{{- end -}}
+{{- if and .Values.image.digest (contains "@" $tag) -}}
+{{- fail (printf "%simage.tag %q already holds a digest and %simage.digest is set too: keep one (image.digest, with the plain tag)" $at $tag $at) -}}
 {{- end -}}
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) (not .Values.tls.certManager.enabled) -}}
 {{- fail (printf "%stls.enabled is true but %stls.existingSecret is empty: name a Secret holding tls.crt, tls.key and ca.crt, or set %stls.certManager.enabled" $at $at $at) -}}
