@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 
+_UNAVAILABLE = 14  # gRPC status code, as the gateway reports it
+
 
 class EtcdError(Exception):
     """etcd refused a request (the gateway's error, e.g. permission denied)."""
@@ -154,6 +156,14 @@ class EtcdClient:
             if resp.status == 404:
                 message = (
                     f"{message} (no v3 JSON gateway at {path}: etcd 3.4 or newer is needed)"
+                )
+            elif self._settings.tls is not None and reply.get("code") == _UNAVAILABLE:
+                # The gateway reaches etcd's gRPC side with etcd's own server certificate
+                # as client certificate; under --client-cert-auth that needs clientAuth.
+                message = (
+                    f"{message} (etcd's gateway could not reach etcd itself: with "
+                    "--client-cert-auth, etcd's server certificate needs extendedKeyUsage "
+                    "clientAuth as well as serverAuth)"
                 )
             raise EtcdError(f"etcd refused {path}: {message}")
         return reply
