@@ -8,7 +8,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from etcd3_helpers import LEASES
 from testlib import EtcdServer, start_etcd
+
+
+@pytest.fixture(autouse=True)
+def _stop_leases() -> Iterator[None]:
+    yield
+    while LEASES:
+        LEASES.pop().stop()
 
 
 @pytest.fixture

@@ -8,11 +8,10 @@ import threading
 import time
 import urllib.request
 
-from etcd3_helpers import params
+from etcd3_helpers import connect
 from testlib import EtcdServer
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
-from torch_etcd_v3 import create_backend
 from torch_etcd_v3.backend import EtcdV3RendezvousBackend
 
 
@@ -38,12 +37,12 @@ def _increment(backend: EtcdV3RendezvousBackend, times: int) -> int:
 
 
 def _process_writer(endpoint: str, times: int, out: multiprocessing.Queue[int]) -> None:
-    backend = create_backend(params(endpoint))[0]
+    backend = connect(endpoint)[0]
     out.put(_increment(backend, times))
 
 
 def test_compare_and_set_loses_no_write_among_threads(etcd3: EtcdServer) -> None:
-    backends = [create_backend(params(etcd3.endpoint))[0] for _ in range(6)]
+    backends = [connect(etcd3.endpoint)[0] for _ in range(6)]
     retries: list[int] = []
     threads = [
         threading.Thread(target=lambda b=b: retries.append(_increment(b, 15))) for b in backends
@@ -67,13 +66,13 @@ def test_compare_and_set_loses_no_write_among_processes(etcd3: EtcdServer) -> No
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
-    state = create_backend(params(etcd3.endpoint))[0].get_state()
+    state = connect(etcd3.endpoint)[0].get_state()
     assert state is not None
     assert state[0] == b"40"
 
 
 def test_stale_or_foreign_token_does_not_write(etcd3: EtcdServer) -> None:
-    backend = create_backend(params(etcd3.endpoint))[0]
+    backend = connect(etcd3.endpoint)[0]
     assert backend.get_state() is None
     first = backend.set_state(b"a")
     assert first is not None and first[2]
@@ -85,8 +84,8 @@ def test_stale_or_foreign_token_does_not_write(etcd3: EtcdServer) -> None:
 
 
 def test_runs_do_not_share_state(etcd3: EtcdServer) -> None:
-    one = create_backend(params(etcd3.endpoint, "run-one"))[0]
-    two = create_backend(params(etcd3.endpoint, "run-two"))[0]
+    one = connect(etcd3.endpoint, "run-one")[0]
+    two = connect(etcd3.endpoint, "run-two")[0]
     one.set_state(b"1")
     assert two.get_state() is None
 
@@ -98,14 +97,14 @@ def _leases(etcd3: EtcdServer) -> list[str]:
 
 
 def test_keys_live_while_kept_alive_and_expire_after_the_agent_stops(etcd3: EtcdServer) -> None:
-    backend, store = create_backend(params(etcd3.endpoint, lease_ttl="2"))
+    backend, store = connect(etcd3.endpoint, lease_ttl="2")
     backend.set_state(b"state")
     store.set("k", "v")
     assert len(_leases(etcd3)) == 1, "one lease per agent, shared by the state and the store"
     time.sleep(4)  # twice the TTL: only the keep-alive keeps them
     assert backend.get_state() is not None
     assert store.check(["k"])
-    store._lease.stop()  # what an agent's exit (or SIGKILL) does to its keep-alive
+    store.lease.stop()  # what an agent's exit (or SIGKILL) does to its keep-alive
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and backend.get_state() is not None:
         time.sleep(0.2)
@@ -121,6 +120,6 @@ def test_torch_registry_finds_etcd_v3_through_the_entry_point(etcd3: EtcdServer)
     assert handler.get_backend() == "etcd-v3"
     info = handler.next_rendezvous()
     assert (info.rank, info.world_size) == (0, 1)
-    handler.set_closed()
+    handler.set_closed()  # type: ignore[no-untyped-call]  # untyped in torch 2.13
     assert handler.is_closed()
     handler.shutdown()

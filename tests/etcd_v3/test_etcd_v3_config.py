@@ -33,13 +33,13 @@ def test_bad_conf_is_one_error_naming_the_value(conf: dict[str, str], message: s
 
 
 def test_bad_endpoint_names_it() -> None:
-    with pytest.raises(ConfigError, match="--rdzv-endpoint='host:abc'.*integer"):
+    with pytest.raises(ConfigError, match=r"--rdzv-endpoint='host:abc'.*integer"):
         load(RendezvousParameters("etcd-v3", "host:abc", "job", 1, 1))
 
 
 def test_empty_password_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "pw").write_text("\n")
-    with pytest.raises(ConfigError, match="password_file=.*is empty"):
+    with pytest.raises(ConfigError, match=r"password_file=.*is empty"):
         load(params("h:1", user="u", password_file=str(tmp_path / "pw")))
 
 

@@ -10,11 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch.distributed as dist
-from etcd3_helpers import params
+from etcd3_helpers import connect
 from testlib import EtcdServer, start_etcd
+from torch._C._distributed_c10d import Store
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
-from torch_etcd_v3 import create_backend
 from torch_etcd_v3.client import EtcdAuthError
 from worker.etcd_tls import Pki, _key_and_csr, _sign, make_pki, start_tls_etcd
 
@@ -51,7 +50,7 @@ def tls_etcd(tmp_path: Path, pki: Pki, request: pytest.FixtureRequest) -> Iterat
 
 
 def _round_trip(endpoint: str, **conf: str) -> None:
-    backend, store = create_backend(params(endpoint, **conf))
+    backend, store = connect(endpoint, **conf)
     result = backend.set_state(b"state")
     assert result is not None and result[2]
     store.set("k", "v")
@@ -86,14 +85,12 @@ def test_mutual_tls_with_a_server_certificate_lacking_client_auth_says_so(
     ]
     server = start_tls_etcd(tmp_path / "etcd", pki, flags)
     try:
-        backend, _ = create_backend(
-            params(
-                server.endpoint,
-                protocol="https",
-                ca_cert=pki.path("ca.crt"),
-                ssl_cert=pki.path("client.crt"),
-                ssl_cert_key=pki.path("client.key"),
-            )
+        backend, _ = connect(
+            server.endpoint,
+            protocol="https",
+            ca_cert=pki.path("ca.crt"),
+            ssl_cert=pki.path("client.crt"),
+            ssl_cert_key=pki.path("client.key"),
         )
         with pytest.raises(RendezvousConnectionError, match="needs extendedKeyUsage clientAuth"):
             backend.set_state(b"state")
@@ -103,14 +100,12 @@ def test_mutual_tls_with_a_server_certificate_lacking_client_auth_says_so(
 
 @pytest.mark.parametrize("tls_etcd", [True], indirect=True, ids=["mutual-tls"])
 def test_mutual_tls_refuses_a_certificate_of_another_ca(tls_etcd: EtcdServer, pki: Pki) -> None:
-    backend, _ = create_backend(
-        params(
-            tls_etcd.endpoint,
-            protocol="https",
-            ca_cert=pki.path("ca.crt"),
-            ssl_cert=pki.path("rogue-client.crt"),
-            ssl_cert_key=pki.path("rogue-client.key"),
-        )
+    backend, _ = connect(
+        tls_etcd.endpoint,
+        protocol="https",
+        ca_cert=pki.path("ca.crt"),
+        ssl_cert=pki.path("rogue-client.crt"),
+        ssl_cert_key=pki.path("rogue-client.key"),
     )
     with pytest.raises(RendezvousConnectionError, match=tls_etcd.endpoint):
         backend.get_state()
@@ -118,14 +113,14 @@ def test_mutual_tls_refuses_a_certificate_of_another_ca(tls_etcd: EtcdServer, pk
 
 @pytest.mark.parametrize("tls_etcd", [False], indirect=True, ids=["server-tls"])
 def test_server_tls_refuses_a_server_the_ca_did_not_sign(tls_etcd: EtcdServer, pki: Pki) -> None:
-    backend, _ = create_backend(
-        params(tls_etcd.endpoint, protocol="https", ca_cert=pki.path("rogue.crt"))
-    )
+    backend, _ = connect(tls_etcd.endpoint, protocol="https", ca_cert=pki.path("rogue.crt"))
     with pytest.raises(RendezvousConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
         backend.get_state()
 
 
-def _gateway(etcd: EtcdServer, path: str, body: dict[str, object], token: str = "") -> dict[str, object]:
+def _gateway(
+    etcd: EtcdServer, path: str, body: dict[str, object], token: str = ""
+) -> dict[str, object]:
     headers = {"Authorization": token} if token else {}
     req = urllib.request.Request(
         f"{etcd.url}{path}", data=json.dumps(body).encode(), headers=headers, method="POST"
@@ -147,7 +142,11 @@ def auth_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     _gateway(server, "/v3/auth/user/add", {"name": "root", "password": "rootpw"})
     _gateway(server, "/v3/auth/user/grant", {"user": "root", "role": "root"})
     _gateway(server, "/v3/auth/role/add", {"name": "trainer"})
-    perm = {"key": _b64("/torch/elastic/"), "range_end": _b64("/torch/elastic0"), "permType": "READWRITE"}
+    perm = {
+        "key": _b64("/torch/elastic/"),
+        "range_end": _b64("/torch/elastic0"),
+        "permType": "READWRITE",
+    }
     _gateway(server, "/v3/auth/role/grant", {"name": "trainer", "perm": perm})
     _gateway(server, "/v3/auth/user/add", {"name": "trainer", "password": "trainpw"})
     _gateway(server, "/v3/auth/user/grant", {"user": "trainer", "role": "trainer"})
@@ -159,24 +158,20 @@ def auth_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
 def test_user_and_password_file(auth_etcd: EtcdServer, tmp_path: Path) -> None:
     (tmp_path / "pw").write_text("trainpw\n")
     _round_trip(auth_etcd.endpoint, user="trainer", password_file=str(tmp_path / "pw"))
-    _, store = create_backend(
-        params(auth_etcd.endpoint, user="trainer", password_file=str(tmp_path / "pw"))
-    )
-    assert isinstance(store, dist.Store)
+    _, store = connect(auth_etcd.endpoint, user="trainer", password_file=str(tmp_path / "pw"))
+    assert isinstance(store, Store)
     assert store.add("n", 2) == 2
 
 
 def test_wrong_password_is_one_clear_error(auth_etcd: EtcdServer, tmp_path: Path) -> None:
     (tmp_path / "pw").write_text("guess")
-    backend, _ = create_backend(
-        params(auth_etcd.endpoint, user="trainer", password_file=str(tmp_path / "pw"))
-    )
+    backend, _ = connect(auth_etcd.endpoint, user="trainer", password_file=str(tmp_path / "pw"))
     with pytest.raises(RendezvousConnectionError, match="refused user 'trainer'") as caught:
         backend.get_state()
     assert isinstance(caught.value.__cause__, EtcdAuthError)
 
 
 def test_no_user_on_an_etcd_with_auth_is_refused(auth_etcd: EtcdServer) -> None:
-    backend, _ = create_backend(params(auth_etcd.endpoint))
+    backend, _ = connect(auth_etcd.endpoint)
     with pytest.raises(RendezvousConnectionError, match="user name is empty"):
         backend.get_state()

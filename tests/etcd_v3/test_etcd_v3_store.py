@@ -8,14 +8,14 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
-from etcd3_helpers import params
+from etcd3_helpers import connect
 from testlib import EtcdServer
-from torch_etcd_v3 import create_backend
+from torch._C._distributed_c10d import PrefixStore
 from torch_etcd_v3.store import EtcdV3Store
 
 
 def make_store(etcd3: EtcdServer, run_id: str = "job", **conf: str) -> EtcdV3Store:
-    return create_backend(params(etcd3.endpoint, run_id, **conf))[1]
+    return connect(etcd3.endpoint, run_id, **conf)[1]
 
 
 def test_set_get_bytes_and_str(etcd3: EtcdServer) -> None:
@@ -107,10 +107,11 @@ def test_multi_set_multi_get_and_append_through_prefix_store(etcd3: EtcdServer) 
     # object must outlive the PrefixStore (dynamic rendezvous holds it), or C++ finds no
     # override.
     inner = make_store(etcd3)
-    store = dist.PrefixStore("torch.rendezvous.job.0", inner)
-    store.multi_set(["r0", "r1"], ["zero", "one"])
+    store = PrefixStore("torch.rendezvous.job.0", inner)
+    # torch 2.13's stub lacks PrefixStore.multi_set and .append; the binding has them.
+    store.multi_set(["r0", "r1"], ["zero", "one"])  # type: ignore[attr-defined]
     assert store.multi_get(["r1", "r0"]) == [b"one", b"zero"]
-    store.append("r0", "+more")
+    store.append("r0", "+more")  # type: ignore[attr-defined]
     assert store.get("r0") == b"zero+more"
     store.set_timeout(timedelta(seconds=1))
     with pytest.raises(dist.DistStoreError):

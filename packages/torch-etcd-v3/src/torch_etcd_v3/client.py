@@ -142,21 +142,22 @@ class EtcdClient:
             data = resp.read()
         except (OSError, http.client.HTTPException) as exc:
             raise EtcdConnectionError(
-                f"etcd at {self._settings.host}:{self._settings.port} did not answer {path}: "
-                f"{exc}"
+                f"etcd at {self._settings.host}:{self._settings.port} did not answer {path}: {exc}"
             ) from exc
         finally:
             conn.close()
         try:
             reply: JSON = json.loads(data) if data else {}
         except ValueError as exc:
-            raise EtcdError(f"etcd answered {path} with non-JSON ({resp.status}): {data[:200]!r}") from exc
+            raise EtcdError(
+                f"etcd answered {path} with non-JSON ({resp.status}): {data[:200]!r}"
+            ) from exc
         if resp.status != 200:
-            message = reply.get("message") or reply.get("error") or data[:200].decode(errors="replace")
+            message = (
+                reply.get("message") or reply.get("error") or data[:200].decode(errors="replace")
+            )
             if resp.status == 404:
-                message = (
-                    f"{message} (no v3 JSON gateway at {path}: etcd 3.4 or newer is needed)"
-                )
+                message = f"{message} (no v3 JSON gateway at {path}: etcd 3.4 or newer is needed)"
             elif self._settings.tls is not None and reply.get("code") == _UNAVAILABLE:
                 # The gateway reaches etcd's gRPC side with etcd's own server certificate
                 # as client certificate; under --client-cert-auth that needs clientAuth.
@@ -228,9 +229,30 @@ class EtcdClient:
         return int(reply.get("deleted", 0))
 
     def txn(self, compare: list[JSON], success: list[JSON], failure: list[JSON]) -> JSON:
-        return self.post(
-            "/v3/kv/txn", {"compare": compare, "success": success, "failure": failure}
+        return self.post("/v3/kv/txn", {"compare": compare, "success": success, "failure": failure})
+
+    def put_if(
+        self, key: bytes, value: bytes, lease: int, mod_revision: int | None
+    ) -> tuple[bool, KeyValue | None, int]:
+        """Write the key only if its mod_revision is still `mod_revision` (None: only if
+        absent). Returns (written, the key as it is when not written, the txn's revision)."""
+        if mod_revision is None:
+            compare = {"target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+        else:
+            compare = {"target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}
+        put: JSON = {"key": b64(key), "value": b64(value)}
+        if lease:
+            put["lease"] = str(lease)
+        reply = self.txn(
+            compare=[{"key": b64(key), **compare}],
+            success=[{"request_put": put}],
+            failure=[{"request_range": {"key": b64(key)}}],
         )
+        revision = int(reply["header"]["revision"])
+        if reply.get("succeeded", False):
+            return True, None, revision
+        kvs = (reply.get("responses") or [{}])[0].get("response_range", {}).get("kvs") or []
+        return False, (_kv(kvs[0]) if kvs else None), revision
 
     # -- leases ---------------------------------------------------------------------
 

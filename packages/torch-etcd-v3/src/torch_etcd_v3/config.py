@@ -127,7 +127,9 @@ def _password(params: RendezvousParameters, user: str | None) -> str | None:
 
 def load(params: RendezvousParameters) -> Config:
     if not params.endpoint:
-        raise ConfigError("--rdzv-endpoint is empty: give HOST:PORT of etcd (port 2379 if left out)")
+        raise ConfigError(
+            "--rdzv-endpoint is empty: give HOST:PORT of etcd (port 2379 if left out)"
+        )
     try:
         host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
     except ValueError as exc:

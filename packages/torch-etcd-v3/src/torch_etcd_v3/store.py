@@ -8,7 +8,8 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
-from torch.distributed import DistStoreError, Store
+from torch._C._distributed_c10d import Store  # torch.distributed's, typed (re-export is not)
+from torch.distributed import DistStoreError
 
 from .client import EtcdClient, KeyValue, b64
 from .lease import AgentLease
@@ -36,23 +37,18 @@ class EtcdV3Store(Store):
         if timeout is not None:
             self.set_timeout(timeout)
 
+    @property
+    def lease(self) -> AgentLease:
+        """The agent's lease (shared with the rendezvous backend)."""
+        return self._lease
+
     def _key(self, key: Data) -> bytes:
         return self._prefix + _bytes(key)
 
     def _put_if(self, key: bytes, current: KeyValue | None, value: bytes) -> bool:
         """Write `value` if the key is still as read (`current`, None = absent)."""
-        if current is None:
-            compare = {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
-        else:
-            compare = {
-                "key": b64(key),
-                "target": "MOD",
-                "result": "EQUAL",
-                "mod_revision": str(current.mod_revision),
-            }
-        put = {"request_put": {"key": b64(key), "value": b64(value), "lease": str(self._lease.id())}}
-        reply = self._client.txn(compare=[compare], success=[put], failure=[])
-        return bool(reply.get("succeeded", False))
+        revision = None if current is None else current.mod_revision
+        return self._client.put_if(key, value, self._lease.id(), revision)[0]
 
     def set(self, key: Data, value: Data) -> None:
         self._client.put(self._key(key), _bytes(value), self._lease.id())
@@ -119,7 +115,9 @@ class EtcdV3Store(Store):
     def _wait_get(self, keys: list[bytes], timeout: timedelta | None) -> list[bytes]:
         """The values of all `keys`, once all exist; DistStoreError after the timeout
         (the store's own unless given), as torch's TCPStore raises."""
-        wait = self.timeout if timeout is None else timeout
+        # torch 2.13's stub lacks Store.timeout; the binding has it (set_timeout sets it).
+        own: timedelta = self.timeout  # type: ignore[attr-defined]
+        wait = own if timeout is None else timeout
         deadline = time.monotonic() + wait.total_seconds()
         while True:
             found, revision = self._client.get_many(keys)
