@@ -123,3 +123,24 @@ def test_torch_registry_finds_etcd_v3_through_the_entry_point(etcd3: EtcdServer)
     handler.set_closed()  # type: ignore[no-untyped-call]  # untyped in torch 2.13
     assert handler.is_closed()
     handler.shutdown()
+
+
+def test_a_lost_lease_is_replaced_on_the_next_write(etcd3: EtcdServer) -> None:
+    # etcd forgets a lease it could not renew (unreachable longer than the TTL) or that
+    # an operator revoked: the agent's next writes must still succeed.
+    backend, store = connect(etcd3.endpoint)
+    first = backend.set_state(b"state")
+    assert first is not None
+    lost = _leases(etcd3)
+    req = urllib.request.Request(
+        f"{etcd3.url}/v3/lease/revoke", data=json.dumps({"ID": lost[0]}).encode(), method="POST"
+    )
+    urllib.request.urlopen(req, timeout=5).close()
+    assert backend.get_state() is None  # the revoke took the state with it
+    store.set("k", "v")
+    assert store.get("k") == b"v"
+    again = backend.set_state(b"state")
+    assert again is not None and again[2]
+    store.multi_set(["a"], ["1"])
+    assert store.add("n", 1) == 1
+    assert _leases(etcd3) not in ([], lost)

@@ -43,7 +43,9 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
                 current = self.get_state()
                 return None if current is None else (*current, False)
         try:
-            written, kv, at = self._client.put_if(self._key, state, self._lease.id(), revision)
+            written, kv, at = self._lease.write(
+                lambda lease: self._client.put_if(self._key, state, lease, revision)
+            )
         except EtcdError as exc:
             raise RendezvousConnectionError(
                 f"etcd-v3 rendezvous: writing the state failed: {exc}"

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from .client import EtcdClient, EtcdError
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,21 @@ class AgentLease:
                 )
                 self._thread.start()
             return self._id
+
+    def write(self, op: Callable[[int], T]) -> T:
+        """Run a write `op(lease_id)`; if etcd no longer knows the lease (it lapsed while
+        etcd was unreachable, or was revoked), grant a new one and run it once more."""
+        lease = self.id()
+        try:
+            return op(lease)
+        except EtcdError as exc:
+            if "lease not found" not in str(exc):
+                raise
+            log.warning("etcd lease %x is gone; granting a new one", lease)
+            with self._lock:
+                if self._id == lease:
+                    self._id = 0
+        return op(self.id())
 
     def _keep_alive(self) -> None:
         # A third of the TTL: two renewals may fail before the lease lapses.

@@ -48,10 +48,11 @@ class EtcdV3Store(Store):
     def _put_if(self, key: bytes, current: KeyValue | None, value: bytes) -> bool:
         """Write `value` if the key is still as read (`current`, None = absent)."""
         revision = None if current is None else current.mod_revision
-        return self._client.put_if(key, value, self._lease.id(), revision)[0]
+        return self._lease.write(lambda lease: self._client.put_if(key, value, lease, revision))[0]
 
     def set(self, key: Data, value: Data) -> None:
-        self._client.put(self._key(key), _bytes(value), self._lease.id())
+        full, data = self._key(key), _bytes(value)
+        self._lease.write(lambda lease: self._client.put(full, data, lease))
 
     def get(self, key: Data) -> bytes:
         """The value, waiting up to the store's timeout for the key to appear."""
@@ -105,12 +106,13 @@ class EtcdV3Store(Store):
         return self._wait_get([self._key(k) for k in keys], None)
 
     def multi_set(self, keys: list[str], values: Sequence[Data]) -> None:
-        lease = str(self._lease.id())
-        puts = [
-            {"request_put": {"key": b64(self._key(k)), "value": b64(_bytes(v)), "lease": lease}}
-            for k, v in zip(keys, values, strict=True)
-        ]
-        self._client.txn(compare=[], success=puts, failure=[])
+        pairs = [(b64(self._key(k)), b64(_bytes(v))) for k, v in zip(keys, values, strict=True)]
+
+        def put_all(lease: int) -> None:
+            puts = [{"request_put": {"key": k, "value": v, "lease": str(lease)}} for k, v in pairs]
+            self._client.txn(compare=[], success=puts, failure=[])
+
+        self._lease.write(put_all)
 
     def _wait_get(self, keys: list[bytes], timeout: timedelta | None) -> list[bytes]:
         """The values of all `keys`, once all exist; DistStoreError after the timeout
