@@ -37,7 +37,15 @@ class Torchrun:
             "--max-restarts=5", "--monitor-interval=0.5", "--local-addr=127.0.0.1",
             str(HERE / "train_tiny.py"), "60", str(tmp / "ckpt.json"),
         ]  # fmt: skip
-        env = {"PATH": "/usr/bin:/bin", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+            # As elastic-worker sets it (docs/recovery.md: with the agent's shared TCPStore
+            # a re-formed group can read a dead peer's gloo address and hang). Each round's
+            # master address then travels through this backend's store.
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        }
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
