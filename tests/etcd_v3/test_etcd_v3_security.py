@@ -175,3 +175,21 @@ def test_no_user_on_an_etcd_with_auth_is_refused(auth_etcd: EtcdServer) -> None:
     backend, _ = connect(auth_etcd.endpoint)
     with pytest.raises(RendezvousConnectionError, match="user name is empty"):
         backend.get_state()
+
+
+def test_an_expired_auth_token_is_renewed(auth_etcd: EtcdServer, tmp_path: Path) -> None:
+    # etcd forgets simple tokens after --auth-token-ttl (5 min) idle and when auth is
+    # switched off and on; an agent idle that long must not fail its next request.
+    (tmp_path / "pw").write_text("trainpw")
+    _, store = connect(auth_etcd.endpoint, user="trainer", password_file=str(tmp_path / "pw"))
+    store.set("before", "1")
+    root = str(
+        _gateway(auth_etcd, "/v3/auth/authenticate", {"name": "root", "password": "rootpw"})[
+            "token"
+        ]
+    )
+    _gateway(auth_etcd, "/v3/auth/disable", {}, token=root)
+    _gateway(auth_etcd, "/v3/auth/enable", {})
+    store.set("after", "2")
+    assert store.get("before") == b"1"
+    assert store.get("after") == b"2"
