@@ -116,3 +116,18 @@ def test_multi_set_multi_get_and_append_through_prefix_store(etcd3: EtcdServer) 
     store.set_timeout(timedelta(seconds=1))
     with pytest.raises(dist.DistStoreError):
         store.multi_get(["r0", "never"])
+
+
+def test_multi_set_and_multi_get_of_more_keys_than_one_etcd_transaction_takes(
+    etcd3: EtcdServer,
+) -> None:
+    # torch's rank assignment multi_gets one key per agent; etcd allows 128 operations in
+    # a transaction (--max-txn-ops): a 300-node job must still work.
+    store = make_store(etcd3)
+    keys = [f"role_info/{i}" for i in range(300)]
+    store.multi_set(keys, [str(i) for i in range(300)])
+    assert store.multi_get(keys) == [str(i).encode() for i in range(300)]
+    assert store.check(keys)
+    store.set_timeout(timedelta(seconds=1))
+    with pytest.raises(dist.DistStoreError, match="role_info/300"):
+        store.multi_get([*keys, "role_info/300"])

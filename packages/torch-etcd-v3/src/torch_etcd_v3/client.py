@@ -15,11 +15,12 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
+T = TypeVar("T")
 
 _UNAVAILABLE = 14  # gRPC status code, as the gateway reports it
 
@@ -54,6 +55,16 @@ class ClientSettings:
     read_timeout: float
     user: str | None = None
     password: str | None = None
+
+
+# etcd refuses a transaction of more operations than --max-txn-ops, 128 by default: a
+# multi_get over the agents of a large job is split.
+TXN_OPS = 128
+
+
+def chunks(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), TXN_OPS):
+        yield items[start : start + TXN_OPS]
 
 
 def b64(data: bytes) -> str:
@@ -189,18 +200,20 @@ class EtcdClient:
         return (_kv(kvs[0]) if kvs else None), int(reply["header"]["revision"])
 
     def get_many(self, keys: Sequence[bytes]) -> tuple[dict[bytes, KeyValue], int]:
-        """Several keys read at one revision (one transaction)."""
-        reply = self.txn(
-            compare=[],
-            success=[{"request_range": {"key": b64(k)}} for k in keys],
-            failure=[],
-        )
+        """Several keys, in transactions of at most TXN_OPS reads; the revision returned is
+        the first transaction's, so a watch from it misses no change to any of them."""
         found: dict[bytes, KeyValue] = {}
-        for response in reply.get("responses") or []:
-            for raw in response.get("response_range", {}).get("kvs") or []:
-                kv = _kv(raw)
-                found[kv.key] = kv
-        return found, int(reply["header"]["revision"])
+        first = 0
+        for chunk in chunks(keys):
+            reply = self.txn(
+                compare=[], success=[{"request_range": {"key": b64(k)}} for k in chunk], failure=[]
+            )
+            first = first or int(reply["header"]["revision"])
+            for response in reply.get("responses") or []:
+                for raw in response.get("response_range", {}).get("kvs") or []:
+                    kv = _kv(raw)
+                    found[kv.key] = kv
+        return found, first
 
     def count(self, prefix: bytes) -> int:
         reply = self.post(

@@ -11,7 +11,7 @@ from datetime import timedelta
 from torch._C._distributed_c10d import Store  # torch.distributed's, typed (re-export is not)
 from torch.distributed import DistStoreError
 
-from .client import EtcdClient, KeyValue, b64
+from .client import EtcdClient, KeyValue, b64, chunks
 from .lease import AgentLease
 
 # What torch's Store methods receive: str from Python callers, bytes from C++ (PrefixStore).
@@ -109,8 +109,12 @@ class EtcdV3Store(Store):
         pairs = [(b64(self._key(k)), b64(_bytes(v))) for k, v in zip(keys, values, strict=True)]
 
         def put_all(lease: int) -> None:
-            puts = [{"request_put": {"key": k, "value": v, "lease": str(lease)}} for k, v in pairs]
-            self._client.txn(compare=[], success=puts, failure=[])
+            # Not atomic past TXN_OPS keys; torch's readers wait for each key anyway.
+            for chunk in chunks(pairs):
+                puts = [
+                    {"request_put": {"key": k, "value": v, "lease": str(lease)}} for k, v in chunk
+                ]
+                self._client.txn(compare=[], success=puts, failure=[])
 
         self._lease.write(put_all)
 
