@@ -71,6 +71,9 @@ PLACES: dict[str, Callable[[], str]] = {
     "images/init-topology/pyproject.toml [project] version": lambda: _pyproject(
         "images/init-topology/pyproject.toml"
     ),
+    "packages/torch-etcd-v3/pyproject.toml [project] version": lambda: _pyproject(
+        "packages/torch-etcd-v3/pyproject.toml"
+    ),
     "images/init-topology/src/init_topology/__init__.py __version__": lambda: _dunder_version(
         "images/init-topology/src/init_topology/__init__.py"
     ),

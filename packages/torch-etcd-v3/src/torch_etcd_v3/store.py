@@ -1,0 +1,140 @@
+"""torch's key-value Store on etcd v3: the agents' store (master address, rank assignment,
+barriers). Keys live under `<key_prefix>/store/<run_id>/`, each attached to the writing
+agent's lease."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+
+from torch._C._distributed_c10d import Store  # torch.distributed's, typed (re-export is not)
+from torch.distributed import DistStoreError
+
+from .client import EtcdClient, KeyValue, b64, chunks
+from .lease import AgentLease
+
+# What torch's Store methods receive: str from Python callers, bytes from C++ (PrefixStore).
+Data = str | bytes
+
+
+def _bytes(data: Data) -> bytes:
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
+class EtcdV3Store(Store):
+    def __init__(
+        self,
+        client: EtcdClient,
+        prefix: bytes,
+        lease: AgentLease,
+        timeout: timedelta | None = None,
+    ) -> None:
+        super().__init__()  # the pybind trampoline needs it
+        self._client = client
+        self._prefix = prefix
+        self._lease = lease
+        if timeout is not None:
+            self.set_timeout(timeout)
+
+    @property
+    def lease(self) -> AgentLease:
+        """The agent's lease (shared with the rendezvous backend)."""
+        return self._lease
+
+    def _key(self, key: Data) -> bytes:
+        return self._prefix + _bytes(key)
+
+    def _put_if(self, key: bytes, current: KeyValue | None, value: bytes) -> bool:
+        """Write `value` if the key is still as read (`current`, None = absent)."""
+        revision = None if current is None else current.mod_revision
+        return self._lease.write(lambda lease: self._client.put_if(key, value, lease, revision))[0]
+
+    def set(self, key: Data, value: Data) -> None:
+        full, data = self._key(key), _bytes(value)
+        self._lease.write(lambda lease: self._client.put(full, data, lease))
+
+    def get(self, key: Data) -> bytes:
+        """The value, waiting up to the store's timeout for the key to appear."""
+        return self._wait_get([self._key(key)], None)[0]
+
+    def add(self, key: Data, num: int) -> int:
+        """Add `num` to the decimal integer at `key` (0 if absent); the new value."""
+        full = self._key(key)
+        while True:
+            current, _ = self._client.get(full)
+            value = (int(current.value) if current is not None else 0) + num
+            if self._put_if(full, current, str(value).encode()):
+                return value
+
+    def append(self, key: Data, value: Data) -> None:
+        full = self._key(key)
+        while True:
+            current, _ = self._client.get(full)
+            old = current.value if current is not None else b""
+            if self._put_if(full, current, old + _bytes(value)):
+                return
+
+    def compare_set(self, key: Data, expected_value: Data, desired_value: Data) -> bytes:
+        """torch's semantics: set `desired` if the value is `expected` (or the key is absent
+        and `expected` is empty); return the value the key holds afterwards (or `expected`
+        for an absent key that was not created)."""
+        full, expected, desired = self._key(key), _bytes(expected_value), _bytes(desired_value)
+        while True:
+            current, _ = self._client.get(full)
+            if current is None and expected:
+                return expected
+            if current is not None and current.value != expected:
+                return current.value
+            if self._put_if(full, current, desired):
+                return desired
+
+    def delete_key(self, key: Data) -> bool:
+        return self._client.delete(self._key(key)) > 0
+
+    def num_keys(self) -> int:
+        return self._client.count(self._prefix)
+
+    def check(self, keys: list[str]) -> bool:
+        found, _ = self._client.get_many([self._key(k) for k in keys])
+        return len(found) == len(set(keys))
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._wait_get([self._key(k) for k in keys], timeout)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return self._wait_get([self._key(k) for k in keys], None)
+
+    def multi_set(self, keys: list[str], values: Sequence[Data]) -> None:
+        pairs = [(b64(self._key(k)), b64(_bytes(v))) for k, v in zip(keys, values, strict=True)]
+
+        def put_all(lease: int) -> None:
+            # Not atomic past TXN_OPS keys; torch's readers wait for each key anyway.
+            for chunk in chunks(pairs):
+                puts = [
+                    {"request_put": {"key": k, "value": v, "lease": str(lease)}} for k, v in chunk
+                ]
+                self._client.txn(compare=[], success=puts, failure=[])
+
+        self._lease.write(put_all)
+
+    def _wait_get(self, keys: list[bytes], timeout: timedelta | None) -> list[bytes]:
+        """The values of all `keys`, once all exist; DistStoreError after the timeout
+        (the store's own unless given), as torch's TCPStore raises."""
+        # torch 2.13's stub lacks Store.timeout; the binding has it (set_timeout sets it).
+        own: timedelta = self.timeout  # type: ignore[attr-defined]
+        wait = own if timeout is None else timeout
+        deadline = time.monotonic() + wait.total_seconds()
+        while True:
+            found, revision = self._client.get_many(keys)
+            if all(k in found for k in keys):
+                return [found[k].value for k in keys]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = [k.decode(errors="replace") for k in keys if k not in found]
+                raise DistStoreError(
+                    f"etcd-v3 store: timed out after {wait.total_seconds():g} s waiting for "
+                    f"{', '.join(missing)}"
+                )
+            # Wake on any change under the store's prefix after the read, then re-read.
+            self._client.wait_for_change(self._prefix, revision, remaining)

@@ -1,0 +1,146 @@
+"""The rendezvous state: compare-and-set under many writers, leases, the torch registry."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import threading
+import time
+import urllib.request
+
+from etcd3_helpers import connect
+from testlib import EtcdServer
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+from torch_etcd_v3.backend import EtcdV3RendezvousBackend
+
+
+def _increment(backend: EtcdV3RendezvousBackend, times: int) -> int:
+    """Add 1 to the state `times` times by compare-and-set, as dynamic rendezvous does:
+    on a lost race, retry from the state set_state returned. Returns the retries."""
+    retries = 0
+    current = backend.get_state()
+    for _ in range(times):
+        while True:
+            if current is None:
+                result = backend.set_state(b"1", None)
+            else:
+                value, token = current
+                result = backend.set_state(str(int(value) + 1).encode(), token)
+            assert result is not None
+            state, token, won = result
+            current = (state, token)
+            if won:
+                break
+            retries += 1
+    return retries
+
+
+def _process_writer(endpoint: str, times: int, out: multiprocessing.Queue[int]) -> None:
+    backend = connect(endpoint)[0]
+    out.put(_increment(backend, times))
+
+
+def test_compare_and_set_loses_no_write_among_threads(etcd3: EtcdServer) -> None:
+    backends = [connect(etcd3.endpoint)[0] for _ in range(6)]
+    retries: list[int] = []
+    threads = [
+        threading.Thread(target=lambda b=b: retries.append(_increment(b, 15))) for b in backends
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    state = backends[0].get_state()
+    assert state is not None
+    assert state[0] == b"90"
+    assert sum(retries) > 0, "the writers never raced: the test proves nothing"
+
+
+def test_compare_and_set_loses_no_write_among_processes(etcd3: EtcdServer) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    out: multiprocessing.Queue[int] = ctx.Queue()
+    procs = [ctx.Process(target=_process_writer, args=(etcd3.endpoint, 10, out)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    state = connect(etcd3.endpoint)[0].get_state()
+    assert state is not None
+    assert state[0] == b"40"
+
+
+def test_stale_or_foreign_token_does_not_write(etcd3: EtcdServer) -> None:
+    backend = connect(etcd3.endpoint)[0]
+    assert backend.get_state() is None
+    first = backend.set_state(b"a")
+    assert first is not None and first[2]
+    assert backend.set_state(b"b", None) == (b"a", first[1], False)  # exists already
+    second = backend.set_state(b"b", first[1])
+    assert second is not None and second[2]
+    assert backend.set_state(b"c", first[1]) == (b"b", second[1], False)  # stale token
+    assert backend.set_state(b"c", "not-a-revision") == (b"b", second[1], False)
+
+
+def test_runs_do_not_share_state(etcd3: EtcdServer) -> None:
+    one = connect(etcd3.endpoint, "run-one")[0]
+    two = connect(etcd3.endpoint, "run-two")[0]
+    one.set_state(b"1")
+    assert two.get_state() is None
+
+
+def _leases(etcd3: EtcdServer) -> list[str]:
+    req = urllib.request.Request(f"{etcd3.url}/v3/lease/leases", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return [lease["ID"] for lease in json.load(resp).get("leases") or []]
+
+
+def test_keys_live_while_kept_alive_and_expire_after_the_agent_stops(etcd3: EtcdServer) -> None:
+    backend, store = connect(etcd3.endpoint, lease_ttl="2")
+    backend.set_state(b"state")
+    store.set("k", "v")
+    assert len(_leases(etcd3)) == 1, "one lease per agent, shared by the state and the store"
+    time.sleep(4)  # twice the TTL: only the keep-alive keeps them
+    assert backend.get_state() is not None
+    assert store.check(["k"])
+    store.lease.stop()  # what an agent's exit (or SIGKILL) does to its keep-alive
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and backend.get_state() is not None:
+        time.sleep(0.2)
+    assert backend.get_state() is None
+    assert not store.check(["k"])
+    assert _leases(etcd3) == []
+
+
+def test_torch_registry_finds_etcd_v3_through_the_entry_point(etcd3: EtcdServer) -> None:
+    handler = get_rendezvous_handler(
+        RendezvousParameters("etcd-v3", etcd3.endpoint, "reg", 1, 1, last_call_timeout="1")
+    )
+    assert handler.get_backend() == "etcd-v3"
+    info = handler.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    handler.set_closed()  # type: ignore[no-untyped-call]  # untyped in torch 2.13
+    assert handler.is_closed()
+    handler.shutdown()
+
+
+def test_a_lost_lease_is_replaced_on_the_next_write(etcd3: EtcdServer) -> None:
+    # etcd forgets a lease it could not renew (unreachable longer than the TTL) or that
+    # an operator revoked: the agent's next writes must still succeed.
+    backend, store = connect(etcd3.endpoint)
+    first = backend.set_state(b"state")
+    assert first is not None
+    lost = _leases(etcd3)
+    req = urllib.request.Request(
+        f"{etcd3.url}/v3/lease/revoke", data=json.dumps({"ID": lost[0]}).encode(), method="POST"
+    )
+    urllib.request.urlopen(req, timeout=5).close()
+    assert backend.get_state() is None  # the revoke took the state with it
+    store.set("k", "v")
+    assert store.get("k") == b"v"
+    again = backend.set_state(b"state")
+    assert again is not None and again[2]
+    store.multi_set(["a"], ["1"])
+    assert store.add("n", 1) == 1
+    assert _leases(etcd3) not in ([], lost)

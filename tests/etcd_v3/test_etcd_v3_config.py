@@ -1,0 +1,55 @@
+"""--rdzv-endpoint / --rdzv-conf mistakes: one error naming the value and the fix, raised
+when the handler is made (before any agent joins)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from etcd3_helpers import params
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch_etcd_v3 import ConfigError, create_backend
+from torch_etcd_v3.config import load
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"protocol": "ftp"}, "protocol='ftp': use http or https"),
+        ({"read_timeout": "soon"}, "read_timeout='soon': must be a whole number"),
+        ({"lease_ttl": "0"}, "lease_ttl='0': must be a whole number of seconds above 0"),
+        ({"key_prefix": "torch"}, "key_prefix='torch': must start with /"),
+        ({"ca_cert": "/x/ca.crt"}, "ca_cert='/x/ca.crt' is set but protocol is http"),
+        ({"protocol": "https", "ca_cert": "/nope/ca.crt"}, "ca_cert='/nope/ca.crt': no such file"),
+        ({"protocol": "https", "ssl_cert_key": "/k"}, "ssl_cert_key='/k' without ssl_cert"),
+        ({"user": "trainer"}, "user='trainer' without password_file"),
+        ({"password_file": "/p"}, "password_file='/p' without user"),
+        ({"user": "u", "password_file": "/nope/pw"}, "password_file='/nope/pw': cannot read"),
+    ],
+)
+def test_bad_conf_is_one_error_naming_the_value(conf: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match="--rdzv-conf " + message.replace("(", r"\(")):
+        create_backend(params("127.0.0.1:2379", **conf))
+
+
+def test_bad_endpoint_names_it() -> None:
+    with pytest.raises(ConfigError, match=r"--rdzv-endpoint='host:abc'.*integer"):
+        load(RendezvousParameters("etcd-v3", "host:abc", "job", 1, 1))
+
+
+def test_empty_password_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text("\n")
+    with pytest.raises(ConfigError, match=r"password_file=.*is empty"):
+        load(params("h:1", user="u", password_file=str(tmp_path / "pw")))
+
+
+def test_defaults_and_keys_per_run(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text("s3cret\n")  # a mounted Secret's trailing newline is dropped
+    cfg = load(params("etcd.example", "job-7", user="u", password_file=str(tmp_path / "pw")))
+    assert (cfg.client.host, cfg.client.port, cfg.client.tls) == ("etcd.example", 2379, None)
+    assert cfg.client.password == "s3cret"
+    assert cfg.lease_ttl == 60
+    assert cfg.state_key == b"/torch/elastic/rendezvous/job-7"
+    assert cfg.store_prefix == b"/torch/elastic/store/job-7/"
+    cfg = load(params("h:1", "j", key_prefix="/team-a/"))
+    assert cfg.state_key == b"/team-a/rendezvous/j"
