@@ -137,6 +137,9 @@ class Config:
     scale_down: bool
     statefulsets: tuple[str, ...]
     pod_name: str
+    group: str
+    metrics: bool
+    metrics_port: int
     pod_namespace: str
     pod_ip: str
     local_addr: str
@@ -192,6 +195,13 @@ def _int(env: Mapping[str, str], name: str) -> int:
     if value < minimum:
         raise ConfigError(f"{name}={value} is below {minimum}")
     return value
+
+
+def _port(env: Mapping[str, str], name: str) -> int:
+    raw = text(env, name)
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ConfigError(f"{name}={raw!r} is not a port: give an integer from 1 to 65535")
+    return int(raw)
 
 
 def _seconds(env: Mapping[str, str], name: str) -> float:
@@ -362,6 +372,9 @@ def load(
         scale_down=_bool(env, "ELASTIC_SCALE_DOWN"),
         statefulsets=statefulsets,
         pod_name=pod_name,
+        group=text(env, "ELASTIC_GROUP"),
+        metrics=_bool(env, "ELASTIC_METRICS"),
+        metrics_port=_port(env, "ELASTIC_METRICS_PORT"),
         pod_namespace=text(env, "POD_NAMESPACE"),
         pod_ip=text(env, "POD_IP"),
         local_addr=text(env, "ELASTIC_LOCAL_ADDR"),
