@@ -221,9 +221,13 @@ def _train(
         from elastic_worker import follow  # noqa: PLC0415 - only when metrics are on
 
         members = ready.registration.count if ready.registration is not None else None
-        follower = follow.Follower(tracker, members)
-        env.update(follower.env())
-        follower.start()
+        try:
+            follower = follow.Follower(tracker, members)
+        except OSError as exc:  # no writable temp dir: the metrics lose the rounds only
+            logger.warning("metrics: cannot follow torchrun's attempts: %s", exc)
+        else:
+            env.update(follower.env())
+            follower.start()
     if ready.registration is not None:
         ready.registration.start()
     try:

@@ -100,15 +100,37 @@ class JobMetrics:
             "elastic_job_gate_wait_seconds", "Time spent in the readiness gate (so far)"
         )
         self.completed = gauge("elastic_job_completed", "1 once the job is complete")
-        self.last_step = gauge(
-            "elastic_job_last_step", "Highest step the training script reported (progress file)"
+        # The step series exist only once the script reports progress (docs/contracts.md,
+        # "Progress"): a job whose script does not report has none, so an alert on "no
+        # step progress" (ElasticJobTrainingStalled) stays silent for it.
+        self._values = values
+        self._last_step = Gauge(
+            "elastic_job_last_step",
+            "Highest step the training script reported (progress file)",
+            LABELS,
+            registry=reg,
         )
-        self.step_seconds = gauge(
-            "elastic_job_step_seconds", "Wall time per step between the last two reports"
+        self._step_seconds = Gauge(
+            "elastic_job_step_seconds",
+            "Wall time per step between the last two reports",
+            LABELS,
+            registry=reg,
         )
-        self.last_progress = gauge(
-            "elastic_job_last_progress_timestamp_seconds", "Unix time of the last progress report"
+        self._last_progress = Gauge(
+            "elastic_job_last_progress_timestamp_seconds",
+            "Unix time of the last progress report",
+            LABELS,
+            registry=reg,
         )
+
+    def last_step(self) -> Gauge:
+        return self._last_step.labels(*self._values)
+
+    def step_seconds(self) -> Gauge:
+        return self._step_seconds.labels(*self._values)
+
+    def last_progress(self) -> Gauge:
+        return self._last_progress.labels(*self._values)
 
 
 def serve(metrics: JobMetrics, port: int, addr: str | None = None) -> WSGIServer:
@@ -274,13 +296,13 @@ class Tracker:
         now = self.clock()
         with self._lock:
             if self.step is not None and self.step_at is not None and step > self.step:
-                self.m.step_seconds.set((now - self.step_at) / (step - self.step))
+                self.m.step_seconds().set((now - self.step_at) / (step - self.step))
             if self.reform_started is not None and self.current is not None:
                 self.m.reform_first_step.observe(max(0.0, now - self.reform_started))
                 self.reform_started = None
             self.step, self.step_at = step, now
-            self.m.last_step.set(step)
-            self.m.last_progress.set(now)
+            self.m.last_step().set(step)
+            self.m.last_progress().set(now)
 
     def finished(self, completed: bool) -> None:
         with self._lock:
