@@ -114,6 +114,7 @@ def test_a_reform_is_counted_once_and_timed_from_this_nodes_process_ending() -> 
     assert (v["elastic_job_world_size_nodes"], v["elastic_job_group_rank"]) == (0, -1)
 
     tracker.attempt(attempt(0, 1, 3))
+    assert "elastic_job_last_step" not in scrape(metrics)  # until the script reports
     clock.now += 1
     tracker.progress(1)
     clock.now += 1
