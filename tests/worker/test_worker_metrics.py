@@ -10,7 +10,7 @@ import re
 import socket
 import subprocess
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from elastic_worker.metrics import (
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from testlib import EtcdServer
-from torch.distributed.elastic.utils import macros
+from torch.distributed.elastic.utils.api import macros
 from worker_helpers import ROOT, TRAIN, Agent, wait_until, worker_env
 
 WHO = Identity("default-run42", "workers", "run42-workers-1")
@@ -342,27 +342,41 @@ def test_prometheus_client_is_pinned_alike_in_the_venv_the_package_and_the_image
     assert '"prometheus-client==${PROMETHEUS_CLIENT_VERSION}"' in dockerfile
 
 
+Started = list[tuple[Agent, int]]
+
+
 @pytest.fixture
-def agents(etcd: EtcdServer, tmp_path: Path) -> Iterator[list[tuple[Agent, int]]]:
-    started: list[tuple[Agent, int]] = []
-    args = ["python", str(TRAIN), "--checkpoint-dir", str(tmp_path / "ckpt")]
-    args += ["--steps", "60", "--checkpoint-every", "5", "--step-seconds", "0.2"]
-    for i in range(3):
-        port = free_port()
-        env = worker_env(
-            etcd.endpoint,
-            "metrics-kill",
-            POD_NAME=f"w{i}",
-            ELASTIC_GROUP="workers",
-            ELASTIC_METRICS="true",
-            ELASTIC_METRICS_PORT=str(port),
-        )
-        started.append((Agent.start(f"w{i}", args, env, tmp_path / f"w{i}.log"), port))
-    yield started
+def start_agents(etcd: EtcdServer, tmp_path: Path) -> Iterator[Callable[..., Started]]:
+    """Start three elastic-worker agents with metrics on, each on a port of its own."""
+    started: Started = []
+
+    def start(job: str, steps: int, **extra: str) -> Started:
+        args = ["python", str(TRAIN), "--checkpoint-dir", str(tmp_path / "ckpt")]
+        args += ["--steps", str(steps), "--checkpoint-every", "5", "--step-seconds", "0.2"]
+        for i in range(3):
+            port = free_port()
+            env = worker_env(
+                etcd.endpoint,
+                job,
+                POD_NAME=f"w{i}",
+                ELASTIC_GROUP="workers",
+                ELASTIC_METRICS="true",
+                ELASTIC_METRICS_PORT=str(port),
+                **extra,
+            )
+            started.append((Agent.start(f"w{i}", args, env, tmp_path / f"w{i}.log"), port))
+        return started
+
+    yield start
     for agent, _ in started:
         agent.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             agent.wait(10)
+
+
+@pytest.fixture
+def agents(start_agents: Callable[..., Started]) -> Started:
+    return start_agents("metrics-kill", 60)
 
 
 def maybe_metrics(port: int) -> dict[str, float]:
@@ -373,9 +387,7 @@ def maybe_metrics(port: int) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_a_killed_node_shows_as_one_reform_to_two_nodes_with_its_cost(
-    agents: list[tuple[Agent, int]],
-) -> None:
+def test_a_killed_node_shows_as_one_reform_to_two_nodes_with_its_cost(agents: Started) -> None:
     """Real torchrun: the shim's lines, the training processes' ends and train.py's
     progress give the survivors' series; TORCHELASTIC_RESTART_COUNT counts the failure."""
 
@@ -426,6 +438,31 @@ def test_a_killed_node_shows_as_one_reform_to_two_nodes_with_its_cost(
     for agent, _ in agents:
         if agent is not dead:
             assert agent.wait(180) == 0, agent.text()[-3000:]
+
+
+@pytest.mark.slow
+def test_a_pod_waiting_while_the_round_is_full_is_a_spare(
+    start_agents: Callable[..., Started],
+) -> None:
+    """maxNodes 2 and three pods registered: two train, the third shows as spare."""
+    agents = start_agents("metrics-spare", 40, ELASTIC_MIN_NODES="2", ELASTIC_MAX_NODES="2")
+
+    def states() -> list[str]:
+        found = []
+        for _, port in agents:
+            v = maybe_metrics(port)
+            found += [s for s in STATES if v.get(f"elastic_job_pod_state:{s}") == 1]
+        return sorted(found)
+
+    wait_until(
+        "two pods training and one spare",
+        lambda: states() == ["spare", "training", "training"],
+        timeout=120,
+    )
+    spare = next(p for _, p in agents if maybe_metrics(p).get("elastic_job_pod_state:spare") == 1)
+    v = get_metrics(spare)
+    assert (v["elastic_job_world_size_nodes"], v["elastic_job_group_rank"]) == (0, -1)
+    assert v["elastic_job_rendezvous_round"] == 0
 
 
 def test_metrics_off_sets_no_files_for_torchrun(etcd: EtcdServer, tmp_path: Path) -> None:
