@@ -325,6 +325,8 @@ def test_the_metrics_are_served_over_http() -> None:
     try:
         tracker.torchrun_started()
         assert state(get_metrics(port)) == "waiting_rendezvous"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            assert "_created" not in resp.read().decode()  # only the series we define
     finally:
         server.shutdown()
         server.server_close()
