@@ -35,6 +35,14 @@ UPSTREAM_CRDS = {
         "prometheus-operator/prometheus-operator/6adcebc5076c34f4f55f8f5f7b1e528929373ac7",
         "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
     ),
+    "prometheus-operator/monitoring.coreos.com_podmonitors.yaml": (
+        "prometheus-operator/prometheus-operator/6adcebc5076c34f4f55f8f5f7b1e528929373ac7",
+        "example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
+    ),
+    "prometheus-operator/monitoring.coreos.com_prometheusrules.yaml": (
+        "prometheus-operator/prometheus-operator/6adcebc5076c34f4f55f8f5f7b1e528929373ac7",
+        "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
+    ),
     "argo-cd/application-crd.yaml": (
         "argoproj/argo-cd/37ee0097cf851bc2dd7665fc081bbce61a7e836e",
         "manifests/crds/application-crd.yaml",

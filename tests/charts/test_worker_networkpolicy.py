@@ -43,3 +43,44 @@ def test_disabled_renders_no_policy() -> None:
     """networkPolicy.enabled=false: no worker NetworkPolicy."""
     objs = objects(ELASTIC_JOB, sets=["networkPolicy.enabled=false"])
     assert NAME not in [o["metadata"]["name"] for o in of_kind(objs, "NetworkPolicy")]
+
+
+def test_monitoring_admits_the_scraper_on_the_metrics_port_only() -> None:
+    """monitoring.enabled: a second rule lets monitoring.scraper.podLabels in
+    monitoring.scraper.namespaceLabels reach the port named `metrics`, nothing else."""
+    objs = objects(
+        ELASTIC_JOB,
+        sets=[
+            "monitoring.enabled=true",
+            "monitoring.scraper.podLabels.app=vmagent",
+            "monitoring.scraper.namespaceLabels.team=observability",
+        ],
+    )
+    workers, scraper = one(objs, "NetworkPolicy", NAME)["spec"]["ingress"]
+    assert "ports" not in workers
+    assert scraper == {
+        "from": [
+            {
+                "podSelector": {
+                    "matchLabels": {"app": "vmagent", "app.kubernetes.io/name": "prometheus"}
+                },
+                "namespaceSelector": {"matchLabels": {"team": "observability"}},
+            }
+        ],
+        "ports": [{"port": "metrics", "protocol": "TCP"}],
+    }
+
+
+def test_null_scraper_labels_select_any_pod_and_any_namespace() -> None:
+    """monitoring.scraper.podLabels=null (Helm merges `{}` into the default) and empty
+    namespaceLabels: `{}` selectors, any pod in any namespace."""
+    objs = objects(
+        ELASTIC_JOB, sets=["monitoring.enabled=true", "monitoring.scraper.podLabels=null"]
+    )
+    scraper = one(objs, "NetworkPolicy", NAME)["spec"]["ingress"][1]
+    assert scraper["from"] == [{"podSelector": {}, "namespaceSelector": {}}]
+
+
+def test_monitoring_off_adds_no_scraper_rule() -> None:
+    """Default: the workers-only rule stays the only one."""
+    assert len(one(objects(ELASTIC_JOB), "NetworkPolicy", NAME)["spec"]["ingress"]) == 1

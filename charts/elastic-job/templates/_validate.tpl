@@ -112,8 +112,13 @@ none that loads code or says where code is loaded from. */ -}}
 {{- if and $v.mesh.required (not $v.mesh.interfaces) -}}
 {{- fail "mesh.required is true but mesh.interfaces is empty: name the mesh interface globs, e.g. wg*" -}}
 {{- end -}}
+{{- range $what := list "podMonitor" "prometheusRule" -}}
+{{- if and (index $v.monitoring $what).enabled (not $v.monitoring.enabled) -}}
+{{- fail (printf "monitoring.%s.enabled is true but monitoring.enabled is false: the workers serve no metrics then; set monitoring.enabled=true too" $what) -}}
+{{- end -}}
+{{- end -}}
 {{- /* Names the chart sets on the worker container; the user's env must not repeat them. */ -}}
-{{- $owned := list "ELASTIC_JOB_ID" "ELASTIC_RDZV_ENDPOINT" "ELASTIC_MIN_NODES" "ELASTIC_MAX_NODES" "ELASTIC_NPROC_PER_NODE" "ELASTIC_MAX_RESTARTS" "ELASTIC_RDZV_CONF" "ELASTIC_MONITOR_INTERVAL" "ELASTIC_GATE_TIMEOUT" "ELASTIC_GATE_PEERS" "ELASTIC_MESH_INTERFACES" "ELASTIC_MESH_REQUIRED" "ELASTIC_INJECT_ENV" "ELASTIC_GRACE_PERIOD" "ELASTIC_SCALE_DOWN" "ELASTIC_STATEFULSETS" "ELASTIC_RENDEZVOUS_STATEFULSET" "CHECKPOINT_DIR" "POD_NAME" "POD_NAMESPACE" "POD_IP" "NODE_NAME" -}}
+{{- $owned := list "ELASTIC_JOB_ID" "ELASTIC_RDZV_ENDPOINT" "ELASTIC_MIN_NODES" "ELASTIC_MAX_NODES" "ELASTIC_NPROC_PER_NODE" "ELASTIC_MAX_RESTARTS" "ELASTIC_RDZV_CONF" "ELASTIC_MONITOR_INTERVAL" "ELASTIC_GATE_TIMEOUT" "ELASTIC_GATE_PEERS" "ELASTIC_MESH_INTERFACES" "ELASTIC_MESH_REQUIRED" "ELASTIC_INJECT_ENV" "ELASTIC_GRACE_PERIOD" "ELASTIC_SCALE_DOWN" "ELASTIC_STATEFULSETS" "ELASTIC_RENDEZVOUS_STATEFULSET" "ELASTIC_GROUP" "ELASTIC_METRICS" "ELASTIC_METRICS_PORT" "CHECKPOINT_DIR" "POD_NAME" "POD_NAMESPACE" "POD_IP" "NODE_NAME" -}}
 {{- range $name := $groups -}}
 {{- $g := index $v.workerGroups $name -}}
 {{- $s := include "elastic-job.groupSettings" (dict "root" $ "name" $name "group" $g) | fromYaml -}}

@@ -93,6 +93,29 @@ def say(message: str) -> None:
         print(f"[train] {message}", flush=True)
 
 
+class Progress:
+    """The optional progress contract (docs/contracts.md, "Progress"): local rank 0 appends
+    `step=<n>` to $ELASTIC_PROGRESS_FILE, which elastic-worker turns into its step metrics.
+    Unset (metrics off, or not run by elastic-worker): nothing is written. A failed write
+    costs the metrics, never the training."""
+
+    def __init__(self) -> None:
+        path = os.environ.get("ELASTIC_PROGRESS_FILE")
+        self.file = None
+        if path and os.environ.get("LOCAL_RANK", "0") == "0":
+            try:
+                self.file = open(path, "a", buffering=1)  # noqa: SIM115 - open for the run
+            except OSError:
+                self.file = None
+
+    def step(self, step: int) -> None:
+        if self.file is not None:
+            try:
+                self.file.write(f"step={step}\n")
+            except OSError:
+                self.file = None
+
+
 def leave(code: int) -> NoReturn:
     """End the process with `code` now: no destroy_process_group, no interpreter teardown.
 
@@ -224,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"start step={start} world_size={world} restart={restart}")
 
     step = start
+    progress = Progress()
     stop = torch.zeros(1, device=device)
     while step < args.steps:
         x, y = batch(step + 1, rank, device)
@@ -233,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         optim.step()
         step += 1
         say(f"step={step} world_size={world} restart={restart} loss={loss.item():.4f}")
+        progress.step(step)
         if args.step_seconds > 0:
             time.sleep(args.step_seconds)
         stop.fill_(1.0 if _stop_requested else 0.0)

@@ -138,6 +138,9 @@ class Config:
     statefulsets: tuple[str, ...]
     rendezvous_statefulset: str
     pod_name: str
+    group: str
+    metrics: bool
+    metrics_port: int
     pod_namespace: str
     pod_ip: str
     local_addr: str
@@ -193,6 +196,13 @@ def _int(env: Mapping[str, str], name: str) -> int:
     if value < minimum:
         raise ConfigError(f"{name}={value} is below {minimum}")
     return value
+
+
+def _port(env: Mapping[str, str], name: str) -> int:
+    raw = text(env, name)
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise ConfigError(f"{name}={raw!r} is not a port: give an integer from 1 to 65535")
+    return int(raw)
 
 
 def _seconds(env: Mapping[str, str], name: str) -> float:
@@ -369,6 +379,9 @@ def load(
         statefulsets=statefulsets,
         rendezvous_statefulset=rendezvous_statefulset,
         pod_name=pod_name,
+        group=text(env, "ELASTIC_GROUP"),
+        metrics=_bool(env, "ELASTIC_METRICS"),
+        metrics_port=_port(env, "ELASTIC_METRICS_PORT"),
         pod_namespace=text(env, "POD_NAMESPACE"),
         pod_ip=text(env, "POD_IP"),
         local_addr=text(env, "ELASTIC_LOCAL_ADDR"),

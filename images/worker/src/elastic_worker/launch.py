@@ -46,14 +46,26 @@ def shutdown_timeout(grace_period: int) -> int:
 
 # Run by torchrun for every worker process of every attempt, with torchrun's documented
 # worker environment (pinned by tests/worker/test_worker_attempt.py): local rank 0 writes
-# one line (docs/contracts.md, "The attempt line"), then the shell execs the program,
-# which keeps the PID torchrun started, its signals, exit code, output and environment.
+# one line (docs/contracts.md, "The attempt line") to stderr and, when the worker serves
+# metrics, appends it with its PID to ELASTIC_ATTEMPT_LOG (follow.py); then the shell execs
+# the program, which keeps the PID torchrun started (so $$ is the program's PID), its
+# signals, exit code, output and environment. No shell variable is assigned: one the user
+# exported would reach the program changed. A failed append never stops the program.
+# The PID is written `${$}`, not `$$`: torchrun passes each argument through its
+# `${local_rank}` macro substitution (string.Template), which turns `$$` into `$`.
+_ATTEMPT_FORMAT = (
+    "[elastic-worker] attempt run_id=%s restart=%s group_rank=%s nodes=%s world_size=%s"
+)
+_ATTEMPT_ARGS = (
+    '"${TORCHELASTIC_RUN_ID:-}" "${TORCHELASTIC_RESTART_COUNT:-}" '
+    '"${GROUP_RANK:-}" "$(( ${WORLD_SIZE:-0} / ${LOCAL_WORLD_SIZE:-1} ))" "${WORLD_SIZE:-}"'
+)
 ATTEMPT_LINE = (
     'if [ "${LOCAL_RANK:-}" = 0 ]; then '
-    "printf '[elastic-worker] attempt run_id=%s restart=%s group_rank=%s nodes=%s "
-    'world_size=%s\\n\' "${TORCHELASTIC_RUN_ID:-}" "${TORCHELASTIC_RESTART_COUNT:-}" '
-    '"${GROUP_RANK:-}" "$(( ${WORLD_SIZE:-0} / ${LOCAL_WORLD_SIZE:-1} ))" '
-    '"${WORLD_SIZE:-}" >&2; fi; '
+    f"printf '{_ATTEMPT_FORMAT}\\n' {_ATTEMPT_ARGS} >&2; "
+    'if [ -n "${ELASTIC_ATTEMPT_LOG:-}" ]; then '
+    f"printf '{_ATTEMPT_FORMAT} pid=%s\\n' {_ATTEMPT_ARGS} \"${{$}}\" "
+    '2>/dev/null >>"$ELASTIC_ATTEMPT_LOG" || :; fi; fi; '
 )
 ATTEMPT_ARGV0 = "elastic-worker-attempt"
 

@@ -19,8 +19,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from elastic_worker import completion, config, epoch, etcdv2, exits, gate, launch, netif
+
+if TYPE_CHECKING:  # imported when on (_metrics): prometheus-client is needed only then
+    from elastic_worker import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -69,14 +73,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     relay = _Relay(threading.Event())
     for sig in launch.FORWARDED_SIGNALS:
         signal.signal(sig, relay)
+    tracker: metrics.Tracker | None = None
     try:
         cfg, client = _load(list(sys.argv[1:] if argv is None else argv))
+        tracker = _metrics(cfg)
+        if tracker is not None:
+            tracker.gate_begin()
         ready = _gate(cfg, client, relay.stop)
+        if tracker is not None:
+            tracker.gate_end()
         if ready is None:
+            if tracker is not None:
+                tracker.finished(completed=True)
             return exits.OK
-        return _train(cfg, client, ready, relay)
+        code = _train(cfg, client, ready, relay, tracker)
+        if tracker is not None:
+            tracker.finished(completed=code == exits.OK)
+        return code
     except _Exit as leave:
+        if tracker is not None:
+            tracker.finished(completed=False)
         return leave.code
+
+
+def _metrics(cfg: config.Config) -> metrics.Tracker | None:
+    """Serve the pod's metrics when ELASTIC_METRICS is on. A port that cannot be bound
+    costs the metrics, never the training: one warning line."""
+    if not cfg.metrics:
+        return None
+    from elastic_worker import metrics  # noqa: PLC0415 - only when metrics are on
+
+    job_metrics = metrics.JobMetrics(metrics.Identity(cfg.job_id, cfg.group, cfg.pod_name))
+    try:
+        metrics.serve(job_metrics, cfg.metrics_port)
+    except OSError as exc:
+        logger.warning(
+            "metrics off: cannot serve ELASTIC_METRICS_PORT=%d (chart: monitoring.port): %s",
+            cfg.metrics_port,
+            exc.strerror or exc,
+        )
+        return None
+    logger.info("metrics on port %d (/metrics)", cfg.metrics_port)
+    return metrics.Tracker(job_metrics, cfg.min_nodes, cfg.max_nodes, cfg.max_restarts)
 
 
 def _load(args: list[str]) -> tuple[config.Config, etcdv2.Client]:
@@ -182,10 +220,28 @@ def _choose_interface(
     return choice, launch.local_address(cfg, choice, mesh)
 
 
-def _train(cfg: config.Config, client: etcdv2.Client, ready: _Ready, relay: _Relay) -> int:
+def _train(
+    cfg: config.Config,
+    client: etcdv2.Client,
+    ready: _Ready,
+    relay: _Relay,
+    tracker: metrics.Tracker | None = None,
+) -> int:
     """Run torchrun, in a fresh rendezvous epoch when torch closed the current one early."""
     env, added = launch.build_env(cfg, ready.choice, os.environ)
     logger.info("environment: %s", " ".join(f"{k}={v}" for k, v in sorted(added.items())))
+    follower = None
+    if tracker is not None:
+        from elastic_worker import follow  # noqa: PLC0415 - only when metrics are on
+
+        members = ready.registration.count if ready.registration is not None else None
+        try:
+            follower = follow.Follower(tracker, members)
+        except OSError as exc:  # no writable temp dir: the metrics lose the rounds only
+            logger.warning("metrics: cannot follow torchrun's attempts: %s", exc)
+        else:
+            env.update(follower.env())
+            follower.start()
     if ready.registration is not None:
         ready.registration.start()
     try:
@@ -197,6 +253,8 @@ def _train(cfg: config.Config, client: etcdv2.Client, ready: _Ready, relay: _Rel
             torchrun = launch.build_argv(cfg, ready.local_addr, rdzv_id=rdzv_id, pwd=env.get("PWD"))
             logger.info("starting: %s", shlex.join(torchrun))
             relay.supervisor = supervisor = launch.Supervisor(torchrun, env, cfg, client)
+            if tracker is not None:
+                tracker.torchrun_started()
             code = supervisor.run()
             if code == 0 or supervisor.signalled is not None or reopen == epoch.MAX_REOPENS:
                 return code
@@ -214,6 +272,8 @@ def _train(cfg: config.Config, client: etcdv2.Client, ready: _Ready, relay: _Rel
         logger.error("etcd at %s failed: %s", cfg.endpoint, exc)
         return exits.GATE_TIMEOUT
     finally:
+        if follower is not None:
+            follower.stop()
         if ready.registration is not None:
             ready.registration.stop()
 

@@ -20,6 +20,7 @@ class Kind(Enum):
     ENDPOINT = "host:port"
     COUNT = "integer >= 1"
     COUNT0 = "integer >= 0"
+    PORT = "port 1-65535"
     NPROC = "integer >= 1, auto, cpu or gpu"
     SECONDS = "seconds > 0"
     BOOL = "true or false"
@@ -200,6 +201,30 @@ SETTINGS: tuple[Setting, ...] = (
         "the bundled etcd's StatefulSet (empty with an external rendezvous)",
         "scaled to 0 after ELASTIC_STATEFULSETS so nothing pins its node; a pod that cannot "
         "reach etcd and finds it at 0 replicas takes the job as complete and exits 0",
+    ),
+    Setting(
+        "ELASTIC_GROUP",
+        Kind.TEXT,
+        "",
+        Source.DERIVED,
+        "the workerGroups key of the pod's StatefulSet",
+        "the worker group, the `group` label of the pod's metrics",
+    ),
+    Setting(
+        "ELASTIC_METRICS",
+        Kind.BOOL,
+        "false",
+        Source.VALUE,
+        "monitoring.enabled",
+        "serve Prometheus metrics (docs/contracts.md, Metrics) on ELASTIC_METRICS_PORT",
+    ),
+    Setting(
+        "ELASTIC_METRICS_PORT",
+        Kind.PORT,
+        "9405",
+        Source.VALUE,
+        "monitoring.port",
+        "the port of /metrics (the container port named `metrics`)",
     ),
     Setting(
         "ELASTIC_LOCAL_ADDR",

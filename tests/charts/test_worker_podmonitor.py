@@ -1,0 +1,105 @@
+"""templates/worker-podmonitor.yaml and the workers' metrics port (monitoring.*)."""
+
+from __future__ import annotations
+
+import pytest
+from chart_render import (
+    ELASTIC_JOB,
+    NAMESPACE,
+    RELEASE,
+    container,
+    env_of,
+    objects,
+    of_kind,
+    one,
+    render_error,
+    selects,
+    worker_statefulsets,
+)
+
+ON = ["monitoring.enabled=true", "monitoring.podMonitor.enabled=true"]
+MULTIGROUP = ELASTIC_JOB / "ci" / "multigroup-values.yaml"
+
+
+def test_the_pod_monitor_scrapes_the_metrics_port_of_every_worker_group() -> None:
+    """monitoring.podMonitor.enabled: the PodMonitor selects the worker pods of every group
+    in the release's namespace, on the container port named `metrics`, keeping the series'
+    own job label (honorLabels); interval and extra labels as set."""
+    objs = objects(
+        ELASTIC_JOB,
+        values=[MULTIGROUP],
+        sets=[
+            *ON,
+            "monitoring.port=9555",
+            "monitoring.podMonitor.interval=15s",
+            "monitoring.podMonitor.labels.release=prom",
+        ],
+    )
+    monitor = one(objs, "PodMonitor")
+    assert monitor["metadata"]["name"] == f"{RELEASE}-elastic-job-workers"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["spec"]["podMetricsEndpoints"] == [
+        {
+            "port": "metrics",
+            "path": "/metrics",
+            "scheme": "http",
+            "interval": "15s",
+            "honorLabels": True,
+        }
+    ]
+    statefulsets = worker_statefulsets(objs)
+    assert len(statefulsets) >= 2
+    for sts in statefulsets:
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        assert selects(monitor["spec"]["selector"]["matchLabels"], labels)
+        worker = container(sts, "worker")
+        assert worker["ports"] == [{"name": "metrics", "containerPort": 9555, "protocol": "TCP"}]
+        env = env_of(worker)
+        assert (env["ELASTIC_METRICS"], env["ELASTIC_METRICS_PORT"]) == ("true", "9555")
+        group = labels["elastic-job.pytorch.org/group"]
+        assert env["ELASTIC_GROUP"] == group  # the `group` label of the pod's series
+    etcd_pods = [o for o in of_kind(objs, "StatefulSet") if o not in statefulsets]
+    for other in etcd_pods:
+        assert not selects(
+            monitor["spec"]["selector"]["matchLabels"],
+            other["spec"]["template"]["metadata"]["labels"],
+        )
+
+
+def test_monitoring_off_by_default_no_port_no_monitor_metrics_off() -> None:
+    """Defaults: no PodMonitor, no PrometheusRule, no container port, ELASTIC_METRICS=false."""
+    objs = objects(ELASTIC_JOB)
+    assert not of_kind(objs, "PodMonitor") and not of_kind(objs, "PrometheusRule")
+    worker = container(worker_statefulsets(objs)[0], "worker")
+    assert "ports" not in worker
+    assert env_of(worker)["ELASTIC_METRICS"] == "false"
+
+
+def test_metrics_without_a_pod_monitor_only_open_the_port() -> None:
+    """monitoring.enabled alone: the port and the metrics, no CRD objects (own scrape config)."""
+    objs = objects(ELASTIC_JOB, sets=["monitoring.enabled=true"])
+    assert not of_kind(objs, "PodMonitor") and not of_kind(objs, "PrometheusRule")
+    assert container(worker_statefulsets(objs)[0], "worker")["ports"][0]["name"] == "metrics"
+
+
+@pytest.mark.parametrize("what", ["podMonitor", "prometheusRule"])
+def test_a_monitor_or_rule_without_metrics_is_refused_naming_both_values(what: str) -> None:
+    """monitoring.<what>.enabled with monitoring.enabled=false: one error naming both."""
+    err = render_error(ELASTIC_JOB, sets=[f"monitoring.{what}.enabled=true"])
+    assert f"monitoring.{what}.enabled is true but monitoring.enabled is false" in err.stderr
+    assert "set monitoring.enabled=true" in err.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("monitoring.port=0", "monitoring.port"),
+        ("monitoring.port=70000", "monitoring.port"),
+        ("monitoring.podMonitor.interval=30", "monitoring.podMonitor.interval"),
+        ("monitoring.prometheusRule.restartStorm.window=15 minutes", "window"),
+    ],
+)
+def test_bad_monitoring_values_are_refused_by_the_schema(value: str, needle: str) -> None:
+    err = render_error(ELASTIC_JOB, sets=["monitoring.enabled=true", value])
+    assert needle in err.stderr
