@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
+#: Where the kubelet mounts a pod's service-account token, CA and namespace. A Kubernetes
+#: fact, so the mini-cluster keeps its own; each image has one too (worker settings.py,
+#: init-topology config.py), and tests/localrun checks the three agree.
 SERVICEACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
