@@ -175,5 +175,5 @@ def test_service_account_token_follows_pod_then_service_account() -> None:
 
 def test_both_images_look_for_the_token_where_the_kubelet_mounts_it() -> None:
     """One path per image (they ship apart) and one in the mini-cluster: the same path."""
-    assert worker_settings.SERVICEACCOUNT_DIR == str(init_config.SERVICEACCOUNT_DIR)
+    assert str(init_config.SERVICEACCOUNT_DIR) == worker_settings.SERVICEACCOUNT_DIR
     assert worker_settings.SERVICEACCOUNT_DIR == SERVICEACCOUNT_PATH
