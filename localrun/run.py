@@ -18,7 +18,6 @@ import os
 import queue
 import shutil
 import signal
-import ssl
 import sys
 import tempfile
 import time
@@ -29,6 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from elastic_worker import completion
+from elastic_worker.config import KubeApi
 
 from localrun import chart
 from localrun.cluster import podspec
@@ -383,24 +385,15 @@ class Runner:
         return end.code
 
     def _scale_via_api(self, ns: str, name: str, replicas: int) -> bool:
-        """As `kubectl scale` would: a merge PATCH of the scale subresource."""
+        """As `kubectl scale` would, with the worker's own request (elastic_worker.completion)."""
         assert self.api is not None
-        ctx = ssl.create_default_context(cafile=str(self.api.ca_path))
-        req = urllib.request.Request(
-            f"{self.api.url}/apis/apps/v1/namespaces/{ns}/statefulsets/{name}/scale",
-            data=json.dumps({"spec": {"replicas": replicas}}).encode(),
-            method="PATCH",
-            headers={
-                "Authorization": f"Bearer {self.api.token}",
-                "Content-Type": "application/merge-patch+json",
-            },
-        )
+        api = KubeApi(base_url=self.api.url, token=self.api.token, ca_file=str(self.api.ca_path))
         try:
-            with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
-                return bool(resp.status == 200)
-        except (OSError, urllib.error.URLError) as exc:
+            completion.set_replicas(api, ns, name, replicas, timeout=10)
+        except (OSError, urllib.error.URLError, ValueError) as exc:
             self.event(f"scale through the API failed ({exc}); scaling directly")
             return False
+        return True
 
     def _cleanup(self) -> None:
         if self.cluster is not None:

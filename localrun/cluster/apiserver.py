@@ -507,41 +507,52 @@ class FakeApiServer:
             return 404, status_object(404, "the server could not find the requested resource"), None
         with self._lock:
             if target.resource == "nodes":
-                if method != "GET":
-                    return 405, status_object(405, f"{method} is not supported here"), None
-                if not target.name:
-                    items = [copy.deepcopy(n) for n in self.nodes.values()]
-                    meta = {"resourceVersion": str(self._resource_version)}
-                    return (
-                        200,
-                        {"kind": "NodeList", "apiVersion": "v1", "metadata": meta, "items": items},
-                        None,
-                    )
-                node = self.nodes.get(target.name)
-                if node is None:
-                    return 404, self._fault_body(404, target, path), None
-                return 200, copy.deepcopy(node), None
-            sts = self.statefulsets.get((target.namespace, target.name))
-            if sts is None:
-                return 404, self._fault_body(404, target, path), None
-            if not target.subresource:
-                if method != "GET":
-                    return 405, status_object(405, f"{method} is not supported here"), None
-                return 200, copy.deepcopy(sts), None
-            if method == "GET":
-                return 200, self._scale(sts), None
-            if method not in ("PATCH", "PUT"):
+                return self._route_nodes(method, path, target)
+            return self._route_statefulset(method, path, target, ctype, body)
+
+    def _route_nodes(
+        self, method: str, path: str, target: _Target
+    ) -> tuple[int, JsonObject, tuple[str, str, int] | None]:
+        if method != "GET":
+            return 405, status_object(405, f"{method} is not supported here"), None
+        if not target.name:
+            items = [copy.deepcopy(n) for n in self.nodes.values()]
+            meta = {"resourceVersion": str(self._resource_version)}
+            return (
+                200,
+                {"kind": "NodeList", "apiVersion": "v1", "metadata": meta, "items": items},
+                None,
+            )
+        node = self.nodes.get(target.name)
+        if node is None:
+            return 404, self._fault_body(404, target, path), None
+        return 200, copy.deepcopy(node), None
+
+    def _route_statefulset(
+        self, method: str, path: str, target: _Target, ctype: str | None, body: Any
+    ) -> tuple[int, JsonObject, tuple[str, str, int] | None]:
+        """A StatefulSet or its scale subresource; the third item names a replica change."""
+        sts = self.statefulsets.get((target.namespace, target.name))
+        if sts is None:
+            return 404, self._fault_body(404, target, path), None
+        if not target.subresource:
+            if method != "GET":
                 return 405, status_object(405, f"{method} is not supported here"), None
-            replicas = _replicas_from(method, ctype, body)
-            if isinstance(replicas, tuple):
-                code, message = replicas
-                return code, status_object(code, message), None
-            if replicas != sts["spec"]["replicas"]:
-                sts["spec"]["replicas"] = replicas
-                sts["metadata"]["generation"] = int(sts["metadata"].get("generation", 1)) + 1
-                sts["metadata"]["resourceVersion"] = self._next_version()
-                sts["status"]["replicas"] = replicas
-            return 200, self._scale(sts), (target.namespace, target.name, replicas)
+            return 200, copy.deepcopy(sts), None
+        if method == "GET":
+            return 200, self._scale(sts), None
+        if method not in ("PATCH", "PUT"):
+            return 405, status_object(405, f"{method} is not supported here"), None
+        replicas = _replicas_from(method, ctype, body)
+        if isinstance(replicas, tuple):
+            code, message = replicas
+            return code, status_object(code, message), None
+        if replicas != sts["spec"]["replicas"]:
+            sts["spec"]["replicas"] = replicas
+            sts["metadata"]["generation"] = int(sts["metadata"].get("generation", 1)) + 1
+            sts["metadata"]["resourceVersion"] = self._next_version()
+            sts["status"]["replicas"] = replicas
+        return 200, self._scale(sts), (target.namespace, target.name, replicas)
 
     def _scale(self, sts: JsonObject) -> JsonObject:
         meta = sts["metadata"]

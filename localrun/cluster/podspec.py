@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
+#: Where the kubelet mounts a pod's service-account token, CA and namespace. A Kubernetes
+#: fact, so the mini-cluster keeps its own; each image has one too (worker settings.py,
+#: init-topology config.py), and tests/localrun checks the three agree.
 SERVICEACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
@@ -228,48 +231,70 @@ def resolve_env(
     """
     env: dict[str, str] = dict(base or {})
     for src in container.env_from:
+        data = _env_from_data(src, configmaps, secrets)
         prefix = src.get("prefix", "")
-        if "configMapRef" in src:
-            ref = src["configMapRef"]
-            data = configmaps.get(ref["name"])
-            if data is None:
-                if ref.get("optional"):
-                    continue
-                raise PodSpecError(f"envFrom configMapRef {ref['name']!r} is not rendered")
-        else:
-            ref = src["secretRef"]
-            data = secrets.get(ref["name"])
-            if data is None:
-                if ref.get("optional"):
-                    continue
-                raise PodSpecError(f"envFrom secretRef {ref['name']!r} is not rendered")
-        for k, v in data.items():
+        for k, v in (data or {}).items():
             env[prefix + k] = v
     for entry in container.env:
         name = entry["name"]
         if "valueFrom" not in entry:
             env[name] = expand(str(entry.get("value", "")), env)
             continue
-        vf = entry["valueFrom"]
-        if "fieldRef" in vf:
-            env[name] = field_ref(vf["fieldRef"]["fieldPath"], pod)
-        elif "resourceFieldRef" in vf:
-            env[name] = resource_field_ref(vf["resourceFieldRef"], containers, container.name, pod)
-        elif "configMapKeyRef" in vf or "secretKeyRef" in vf:
-            is_cm = "configMapKeyRef" in vf
-            ref = vf["configMapKeyRef" if is_cm else "secretKeyRef"]
-            data = (configmaps if is_cm else secrets).get(ref["name"])
-            if data is None or ref["key"] not in data:
-                if ref.get("optional"):
-                    continue
-                what = "ConfigMap" if is_cm else "Secret"
-                raise PodSpecError(
-                    f"env {name}: {what} {ref['name']!r} key {ref['key']!r} is not rendered"
-                )
-            env[name] = data[ref["key"]]
-        else:
-            raise PodSpecError(f"env {name}: valueFrom {sorted(vf)} is not supported")
+        value = _value_from(
+            name,
+            entry["valueFrom"],
+            container=container,
+            pod=pod,
+            containers=containers,
+            configmaps=configmaps,
+            secrets=secrets,
+        )
+        if value is not None:
+            env[name] = value
     return env
+
+
+def _env_from_data(
+    src: Obj,
+    configmaps: Mapping[str, Mapping[str, str]],
+    secrets: Mapping[str, Mapping[str, str]],
+) -> Mapping[str, str] | None:
+    """One `envFrom` source's data; None when it is missing and optional."""
+    is_cm = "configMapRef" in src
+    kind, objects = ("configMapRef", configmaps) if is_cm else ("secretRef", secrets)
+    ref = src[kind]
+    data = objects.get(ref["name"])
+    if data is None and not ref.get("optional"):
+        raise PodSpecError(f"envFrom {kind} {ref['name']!r} is not rendered")
+    return data
+
+
+def _value_from(
+    name: str,
+    vf: Obj,
+    *,
+    container: Container,
+    pod: PodIdentity,
+    containers: Mapping[str, Container],
+    configmaps: Mapping[str, Mapping[str, str]],
+    secrets: Mapping[str, Mapping[str, str]],
+) -> str | None:
+    """One `env[].valueFrom`; None when it names a missing optional key (the entry is skipped)."""
+    if "fieldRef" in vf:
+        return field_ref(vf["fieldRef"]["fieldPath"], pod)
+    if "resourceFieldRef" in vf:
+        return resource_field_ref(vf["resourceFieldRef"], containers, container.name, pod)
+    if "configMapKeyRef" not in vf and "secretKeyRef" not in vf:
+        raise PodSpecError(f"env {name}: valueFrom {sorted(vf)} is not supported")
+    is_cm = "configMapKeyRef" in vf
+    ref = vf["configMapKeyRef" if is_cm else "secretKeyRef"]
+    data = (configmaps if is_cm else secrets).get(ref["name"])
+    if data is None or ref["key"] not in data:
+        if ref.get("optional"):
+            return None
+        what = "ConfigMap" if is_cm else "Secret"
+        raise PodSpecError(f"env {name}: {what} {ref['name']!r} key {ref['key']!r} is not rendered")
+    return data[ref["key"]]
 
 
 def command_line(container: Container, env: Mapping[str, str]) -> list[str]:

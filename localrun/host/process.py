@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
+from elastic_worker.exits import from_returncode
+
 from localrun.cluster.runtime import BindMount
 
 log = logging.getLogger(__name__)
@@ -109,11 +111,6 @@ def _die_with(owner: int) -> Callable[[], None]:
     return preexec
 
 
-def exit_code(returncode: int) -> int:
-    """Popen's code as Kubernetes reports it: killed by signal N -> 128 + N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def _children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
@@ -182,7 +179,7 @@ class ContainerProcess:
         if rc is None:
             return None
         self._reader.join(timeout=2)
-        return exit_code(rc)
+        return from_returncode(rc)  # as Kubernetes reports it: signal N -> 128 + N
 
     def init_pid(self) -> int | None:
         """PID (host view) of the container's PID 1: the child of unshare."""
@@ -223,4 +220,4 @@ class ContainerProcess:
         except subprocess.TimeoutExpired:
             return None
         self._reader.join(timeout=2)
-        return exit_code(rc)
+        return from_returncode(rc)  # as Kubernetes reports it: signal N -> 128 + N

@@ -1,5 +1,5 @@
 """The console script (a subprocess, as the container runs it) against a real HTTPS server:
-the official client, in-cluster config, the bearer token, CA verification, retries and
+the standard library's HTTPS, in-cluster config, the bearer token, CA verification, retries and
 every failure the issue names.
 
 No conftest.py in this directory: tests/ has no __init__.py, so a second module named
@@ -105,8 +105,8 @@ def test_each_fixture_over_https_gives_its_expected_file(
     assert run.lines == [line for line in run.lines if ": info: " in line]
     [request] = api.requests
     assert (request.method, request.path, request.status) == ("GET", f"/api/v1/nodes/{name}", 200)
-    # The token from the service-account dir, sent by the client as the kubelet's loader does.
-    assert request.authorization == f"bearer {api.token}"
+    # The token from the service-account dir.
+    assert request.authorization == f"Bearer {api.token}"
 
 
 def test_chart_label_map_and_user_env_reach_the_file(run_init: RunInit) -> None:

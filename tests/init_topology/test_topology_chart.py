@@ -11,15 +11,14 @@ sh. If the chart and the image drift apart (names, paths, env, RBAC fix text), t
 
 The pod's user must not need the checkout (a clone may sit under a directory only its
 owner can enter: /root, `mktemp -d`). So the program runs from an image-like install made
-once per test module: a venv of its own holding a copy of the package and exactly the distributions
-images/init-topology/requirements.txt pins (copied from this venv), with the console script
-pyproject.toml declares. It is bind-mounted at IMAGE_ROOT inside the namespace, so no
+once per test module: a venv of its own holding a copy of the package and nothing else (the
+image has no dependency beyond the standard library), with the console script pyproject.toml
+declares. It is bind-mounted at IMAGE_ROOT inside the namespace, so no
 directory on the way to the copy has to be open to others either.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import re
@@ -126,19 +125,6 @@ def install_image(dest: Path) -> Path:
     expect to be mounted at IMAGE_ROOT; every file readable by any user."""
     venv.EnvBuilder(symlinks=True, with_pip=False).create(dest)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(dest), "platbase": str(dest)}))
-    for line in (PACKAGE / "requirements.txt").read_text().splitlines():
-        requirement = line.split("#", 1)[0].strip()
-        if not requirement:
-            continue
-        name, _, version = requirement.partition("==")
-        dist = importlib.metadata.distribution(name)
-        assert dist.version == version, f"this venv has {name} {dist.version}, the image {version}"
-        for file in dist.files or []:
-            if file.parts[0] == "..":  # scripts outside site-packages: not imported
-                continue
-            target = site / file
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(Path(str(dist.locate_file(file))), target)
     shutil.copytree(
         PACKAGE / "src" / "init_topology",
         site / "init_topology",

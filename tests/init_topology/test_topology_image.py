@@ -1,5 +1,5 @@
-"""The init-topology image: Dockerfile lint and conventions, pinned dependencies that match
-what the tests ran against, and a package that builds and runs from its wheel."""
+"""The init-topology image: Dockerfile lint and conventions, no dependency beyond the
+standard library, and a package that builds and runs from its wheel."""
 
 from __future__ import annotations
 
@@ -8,26 +8,13 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
 import tomllib
-from packaging.requirements import Requirement
 
 IMAGE = Path(__file__).resolve().parents[2] / "images" / "init-topology"
 HADOLINT = Path(sys.executable).parent / "hadolint"
-
-
-def pins() -> dict[str, str]:
-    out = {}
-    for raw in (IMAGE / "requirements.txt").read_text().splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if line:
-            name, _, version = line.partition("==")
-            assert version, f"unpinned requirement {line!r}"
-            out[name.lower()] = version
-    return out
 
 
 def test_dockerfile_is_hadolint_clean() -> None:
@@ -46,28 +33,27 @@ def test_dockerfile_pins_its_base_runs_as_65532_and_needs_no_writable_root() -> 
     assert re.search(r"^USER 65532:65532$", text, re.MULTILINE)
     assert "PYTHONDONTWRITEBYTECODE=1" in text
     assert re.search(r'^ENTRYPOINT \["init-topology"\]$', text, re.MULTILINE)
-    assert "--no-deps -r /tmp/requirements.txt" in text
+    assert "pip install --no-cache-dir --no-deps /tmp/wheels/*.whl" in text
 
 
-def test_requirements_pin_the_whole_closure_at_the_versions_tested() -> None:
-    pinned = pins()
+def test_the_package_declares_no_dependency_and_runs_on_the_standard_library_alone() -> None:
+    """The image installs the wheel with --no-deps: a third-party import would fail there.
+    `python -S` (no site-packages) from the sources shows none is needed."""
     project = tomllib.loads((IMAGE / "pyproject.toml").read_text())["project"]
-    seen: dict[str, str] = {}
-    todo = [Requirement(r).name for r in project["dependencies"]]
-    while todo:
-        dist = distribution(todo.pop())
-        name = dist.metadata["Name"].lower()
-        if name in seen:
-            continue
-        seen[name] = dist.version
-        for spec in dist.requires or []:
-            req = Requirement(spec)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
-    assert pinned == seen
-    for spec in project["dependencies"]:
-        req = Requirement(spec)
-        assert req.specifier.contains(pinned[req.name.lower()])
+    assert project["dependencies"] == []
+    assert not (IMAGE / "requirements.txt").exists()
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "import init_topology.main, init_topology.nodeapi; "
+        "top = {m.split('.')[0] for m in sys.modules}; "
+        "print(sorted(top - set(sys.stdlib_module_names) - {'__main__'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", script, str(IMAGE / "src")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['init_topology']"]
 
 
 def test_package_builds_a_wheel_with_the_console_script(tmp_path: Path) -> None:

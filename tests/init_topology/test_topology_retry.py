@@ -6,12 +6,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 from init_topology.config import Config
-from init_topology.nodeapi import NodeUnavailable, fetch_node
-from urllib3.exceptions import ReadTimeoutError
+from init_topology.nodeapi import NodeUnavailable, Response, fetch_node
 
 
 @dataclass
@@ -32,21 +30,13 @@ class Clock:
 class TimingOutApi:
     clock: Clock
     timeouts: list[tuple[float, float]] = field(default_factory=list)
-    closed: bool = False
 
-    def read_node(self, name: str, **kw: Any) -> Any:
-        connect, read = kw["_request_timeout"]
+    def get(self, timeout: tuple[float, float]) -> Response:
+        connect, read = timeout
         assert connect > 0 and read > 0
         self.timeouts.append((connect, read))
         self.clock.now += read  # the server never answers: the read timeout expires
-        raise ReadTimeoutError(None, "/api/v1/nodes/" + name, "Read timed out.")  # type: ignore[arg-type]
-
-    @property
-    def api_client(self) -> TimingOutApi:
-        return self
-
-    def close(self) -> None:
-        self.closed = True
+        raise TimeoutError("The read operation timed out")
 
 
 def config(timeout: float) -> Config:
@@ -71,12 +61,11 @@ def test_attempts_stay_within_the_budget(budget: float, late_by: float) -> None:
     with pytest.raises(
         NodeUnavailable, match=re.escape("no answer from the API server 10.0.0.1:443")
     ):
-        fetch_node(config(budget), sleep=clock.sleep, clock=clock, api_factory=lambda c: api)
+        fetch_node(config(budget), sleep=clock.sleep, clock=clock, transport=lambda c: api.get)
     spent = clock.now - 100.0
     # Only a late wake-up (not the loop) can exceed the budget, by one overshoot and one
     # minimal attempt at most.
     assert spent <= budget + late_by + 0.1 + 1e-9
-    assert api.closed
     assert all(read <= 5.0 for _, read in api.timeouts)
     # Backoff doubles (with jitter in [b/2, b]) up to 2 s.
     for i, pause in enumerate(clock.sleeps):
@@ -87,5 +76,5 @@ def test_a_long_budget_makes_several_attempts() -> None:
     clock = Clock()
     api = TimingOutApi(clock)
     with pytest.raises(NodeUnavailable, match=r"\(\d+ attempts in \d+\.\ds\)"):
-        fetch_node(config(30), sleep=clock.sleep, clock=clock, api_factory=lambda c: api)
+        fetch_node(config(30), sleep=clock.sleep, clock=clock, transport=lambda c: api.get)
     assert len(api.timeouts) >= 5

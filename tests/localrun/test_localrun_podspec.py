@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from elastic_worker import settings as worker_settings
+from init_topology import config as init_config
 
 from localrun.cluster.podspec import (
+    SERVICEACCOUNT_PATH,
     Container,
     PodIdentity,
     PodSpecError,
@@ -168,3 +171,9 @@ def test_service_account_token_follows_pod_then_service_account() -> None:
         {"serviceAccountName": "sa", "automountServiceAccountToken": True}, sa
     )
     assert wants_serviceaccount({}, {}) is True
+
+
+def test_both_images_look_for_the_token_where_the_kubelet_mounts_it() -> None:
+    """One path per image (they ship apart) and one in the mini-cluster: the same path."""
+    assert str(init_config.SERVICEACCOUNT_DIR) == worker_settings.SERVICEACCOUNT_DIR
+    assert worker_settings.SERVICEACCOUNT_DIR == SERVICEACCOUNT_PATH

@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from elastic_worker import exits
 
 from localrun.cluster.runtime import BindMount
 from localrun.host import process
-from localrun.host.process import container_argv, exit_code, launch_script
+from localrun.host.process import container_argv, launch_script
 
 
 def test_script_mounts_each_volume_then_execs_the_command() -> None:
@@ -60,6 +61,8 @@ def test_script_keeps_arguments_intact_through_sh() -> None:
 
 
 def test_exit_codes_as_kubernetes_reports_them() -> None:
+    """localrun reports a container's end with the worker's own function."""
+    exit_code = exits.from_returncode
     assert exit_code(0) == 0
     assert exit_code(3) == 3
     assert exit_code(-9) == 137

@@ -1,4 +1,7 @@
-"""/etc/inject/env is read as data, never executed; the environment always wins."""
+"""/etc/inject/env is read as data, never executed; the environment always wins.
+
+The file's writer is init-topology (another image, so no module can be shared): these tests
+write with its envfile module, the one the init container runs."""
 
 from __future__ import annotations
 
@@ -7,8 +10,9 @@ from pathlib import Path
 
 import pytest
 from elastic_worker import envfile
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from init_topology import envfile as writer
 
 
 def test_parse_reads_each_contract_line() -> None:
@@ -22,7 +26,7 @@ def test_parse_reads_each_contract_line() -> None:
 
 def test_parse_undoes_the_quote_escape_and_keeps_newlines_inside_quotes() -> None:
     value = "it's\na 'quoted'\n\nvalue"
-    text = f"A={envfile.quote(value)}\nB='x'\n"
+    text = writer.render({"A": value, "B": "x"}).decode()
     assert envfile.parse(text) == {"A": value, "B": "x"}
 
 
@@ -86,3 +90,23 @@ def test_parse_agrees_with_posix_sh_for_any_bytes(tmp_path: Path, value: bytes) 
     parsed = envfile.read(path)
     assert parsed["V"].encode("utf-8", "surrogateescape") == from_sh == value
     assert parsed["W"] == "end"
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    variables=st.dictionaries(
+        st.from_regex(r"[A-Z_][A-Z0-9_]{0,20}", fullmatch=True),
+        st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=80),
+        max_size=6,
+    )
+)
+@example(variables={"A": "'", "B": "''''", "C": "\n", "D": "\\'", "E": "'\\''", "F": "\r\n"})
+def test_the_worker_reads_back_exactly_what_init_topology_writes(
+    tmp_path: Path, variables: dict[str, str]
+) -> None:
+    """The two halves of the /etc/inject/env contract, each image's own code."""
+    path = tmp_path / "env"
+    writer.write_env_file(path, variables)
+    assert envfile.read(path) == variables

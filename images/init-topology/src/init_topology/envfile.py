@@ -1,6 +1,6 @@
 """The /etc/inject/env file: one `KEY='value'` per line, written atomically.
 
-Contract (../shared/DESIGN.md, docs/contracts.md): KEY matches `[A-Z_][A-Z0-9_]*`, the value
+Contract (docs/contracts.md): KEY matches `[A-Z_][A-Z0-9_]*`, the value
 is single-quoted with each `'` written as `'\\''`, nothing else is in the file. Inside single
 quotes POSIX `sh` expands nothing (no `$( )`, backticks, `$VAR` or backslash escapes), and a
 newline is an ordinary character, so sourcing the file gives back exactly the bytes written.

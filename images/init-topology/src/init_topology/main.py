@@ -90,9 +90,6 @@ def _setup_logging() -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if os.environ.get("TOPOLOGY_DEBUG") == "true" else logging.INFO)
-    # The client's libraries speak only when something is wrong, and we say that ourselves.
-    for noisy in ("urllib3", "kubernetes"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,26 +1,28 @@
-"""Read this pod's Node from the API server with the official `kubernetes` client.
+"""Read this pod's Node from the API server: one HTTPS GET with the standard library.
 
-In-cluster config (KUBERNETES_SERVICE_HOST/PORT, the service-account token and CA), bounded
-retries with jittered exponential backoff, all inside one time budget
-(TOPOLOGY_TIMEOUT_SECONDS). Transient failures (connection refused or reset, timeouts, 429,
-5xx) are retried; permanent ones (401, 403, 404, other 4xx, TLS verification) end at once.
-Every failure ends in NodeUnavailable with a cause and a fix a person can act on.
+In-cluster config as the kubelet provides it (KUBERNETES_SERVICE_HOST/PORT, the
+service-account token and CA), bounded retries with jittered exponential backoff, all inside
+one time budget (TOPOLOGY_TIMEOUT_SECONDS). Transient failures (connection refused or reset,
+timeouts, 429, 5xx) are retried; permanent ones (401, 403, 404, other 4xx, TLS verification)
+end at once. Every failure ends in NodeUnavailable with a cause and a fix a person can act on.
 
-The client is imported when used, and lean (see k8s.py: its full import is most of this
-program's run time); `api_factory` lets tests inject another.
+http.client rather than urllib.request (the worker's choice for its scale calls) only to keep
+separate connect and read timeouts; `transport` lets tests inject another.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import random
+import ssl
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from init_topology import k8s
 from init_topology.config import Config
 
 log = logging.getLogger(__name__)
@@ -52,116 +54,139 @@ class _Failure:
     fix: str
 
 
+@dataclass(frozen=True)
+class Response:
+    status: int
+    reason: str
+    body: bytes
+
+
+class ConnectError(OSError):
+    """The TCP connection could not be made (as opposed to a failure once connected)."""
+
+
+#: One GET of the Node: (connect timeout, read timeout) -> Response, or an OSError /
+#: http.client.HTTPException (ssl.SSLError, TimeoutError, ConnectError, ...).
+Transport = Callable[[tuple[float, float]], Response]
+
+
 def fetch_node(
     config: Config,
     *,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
-    api_factory: Callable[[Config], Any] | None = None,
+    transport: Callable[[Config], Transport] | None = None,
 ) -> NodeObject:
     """GET /api/v1/nodes/{NODE_NAME}; the Node as the API's JSON, or NodeUnavailable.
 
-    `api_factory(config)` returns a CoreV1Api-like object (read_node, api_client.close);
-    by default the official client with in-cluster config.
+    `transport(config)` returns the function making one attempt; by default HTTPS with the
+    in-cluster token and CA.
     """
     start = clock()
     deadline = start + config.timeout_seconds
-    api = (api_factory or _core_api)(config)
-    try:
-        attempt = 0
-        backoff = FIRST_BACKOFF_SECONDS
-        while True:
-            attempt += 1
-            # Never a timeout <= 0 (urllib3 refuses it): a late wake-up may have eaten the rest.
-            remaining = max(deadline - clock(), MIN_ATTEMPT_SECONDS)
-            timeout = (
-                min(remaining, CONNECT_TIMEOUT_SECONDS),
-                min(remaining, READ_TIMEOUT_SECONDS),
-            )
-            failure = _attempt(api, config, timeout)
-            if isinstance(failure, dict):
-                return failure
-            elapsed = clock() - start
-            pause = random.uniform(backoff / 2, backoff)
-            if not failure.retry or clock() + pause + MIN_ATTEMPT_SECONDS >= deadline:
-                tries = f"{attempt} attempt{'s' if attempt > 1 else ''} in {elapsed:.1f}s"
-                cause = f"{failure.cause} ({tries})" if failure.retry else failure.cause
-                raise NodeUnavailable(cause, failure.fix)
-            log.debug("attempt %d: %s; retrying in %.2fs", attempt, failure.cause, pause)
-            sleep(pause)
-            backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
-    finally:
-        api.api_client.close()
+    get = (transport or _https_transport)(config)
+    attempt = 0
+    backoff = FIRST_BACKOFF_SECONDS
+    while True:
+        attempt += 1
+        # Never a timeout <= 0 (a socket would not wait at all): a late wake-up may have
+        # eaten the rest.
+        remaining = max(deadline - clock(), MIN_ATTEMPT_SECONDS)
+        timeout = (min(remaining, CONNECT_TIMEOUT_SECONDS), min(remaining, READ_TIMEOUT_SECONDS))
+        failure = _attempt(get, config, timeout)
+        if isinstance(failure, dict):
+            return failure
+        elapsed = clock() - start
+        pause = random.uniform(backoff / 2, backoff)
+        if not failure.retry or clock() + pause + MIN_ATTEMPT_SECONDS >= deadline:
+            tries = f"{attempt} attempt{'s' if attempt > 1 else ''} in {elapsed:.1f}s"
+            cause = f"{failure.cause} ({tries})" if failure.retry else failure.cause
+            raise NodeUnavailable(cause, failure.fix)
+        log.debug("attempt %d: %s; retrying in %.2fs", attempt, failure.cause, pause)
+        sleep(pause)
+        backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
 
 
-def _core_api(config: Config) -> Any:
+def _https_transport(config: Config) -> Transport:
     if not config.api_host or not config.api_port:
         raise NodeUnavailable(
             "KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not set (not in a pod?)",
             "run it as the chart's init container, where the kubelet sets them",
         )
-    token = config.serviceaccount_dir / "token"
+    token_path = config.serviceaccount_dir / "token"
     ca = config.serviceaccount_dir / "ca.crt"
-    for path in (token, ca):
+    for path in (token_path, ca):
         if not path.is_file() or path.stat().st_size == 0:
             raise NodeUnavailable(
                 f"no service-account {path.name} at {path}",
                 "mount the token: leave automountServiceAccountToken on for the worker pods "
                 "(the chart's service account)",
             )
-    client = k8s.load()
-    configuration = client.Configuration()
-    environ = {
-        "KUBERNETES_SERVICE_HOST": config.api_host,
-        "KUBERNETES_SERVICE_PORT": config.api_port,
-    }
-    client.InClusterConfigLoader(
-        str(token), str(ca), try_refresh_token=False, environ=environ
-    ).load_and_set(configuration)
-    # Retries are ours (bounded by the budget); urllib3's own would multiply them.
-    configuration.retries = False
-    return client.CoreV1Api(client.ApiClient(configuration))
+    server = f"{config.api_host}:{config.api_port}"
+    token = token_path.read_text().strip()
+    try:
+        context = ssl.create_default_context(cafile=str(ca))
+    except (ssl.SSLError, OSError) as exc:
+        failure = _tls_failure(server, f"cannot load {ca}: {_reason(exc)}")
+        raise NodeUnavailable(failure.cause, failure.fix) from exc
+    if not config.api_port.isdigit():
+        raise NodeUnavailable(
+            f"KUBERNETES_SERVICE_PORT {config.api_port!r} is not a port number",
+            "leave it to the kubelet, which sets it from the kubernetes Service",
+        )
+    host, port = config.api_host, int(config.api_port)
+    url_path = "/api/v1/nodes/" + urllib.parse.quote(config.node_name, safe="")
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+
+    def get(timeout: tuple[float, float]) -> Response:
+        connect_timeout, read_timeout = timeout
+        conn = http.client.HTTPSConnection(host, port, timeout=connect_timeout, context=context)
+        try:
+            try:
+                conn.connect()  # TCP, then the TLS handshake
+            except OSError as exc:
+                if isinstance(exc, (ssl.SSLError, TimeoutError)):
+                    raise
+                raise ConnectError(exc.errno, _reason(exc)) from exc
+            assert conn.sock is not None
+            conn.sock.settimeout(read_timeout)
+            conn.request("GET", url_path, headers=headers)
+            response = conn.getresponse()
+            return Response(response.status, response.reason, response.read())
+        finally:
+            conn.close()
+
+    return get
 
 
-def _attempt(api: Any, config: Config, timeout: tuple[float, float]) -> NodeObject | _Failure:
-    from urllib3 import exceptions as u3  # noqa: PLC0415 - loaded with the client
-
-    ApiException = k8s.load().ApiException
-
+def _attempt(get: Transport, config: Config, timeout: tuple[float, float]) -> NodeObject | _Failure:
     server = f"{config.api_host}:{config.api_port}"
     try:
-        response = api.read_node(config.node_name, _preload_content=False, _request_timeout=timeout)
-        body = response.data
-    except ApiException as exc:
-        # The client's ApiException (loaded lazily, typed as Exception): status, reason, body.
-        status = int(getattr(exc, "status", None) or 0)
-        reason = str(getattr(exc, "reason", None) or "")
-        if not status and reason.startswith("SSLError"):
-            # The client turns urllib3's SSLError into ApiException(status=0, "SSLError\n...").
-            return _tls_failure(server, reason.removeprefix("SSLError"))
-        return _status_failure(status, reason, getattr(exc, "body", None), config)
-    except u3.SSLError as exc:
+        response = get(timeout)
+    except ssl.SSLError as exc:
         return _tls_failure(server, _reason(exc))
-    except u3.NewConnectionError as exc:
+    except ConnectError as exc:
         return _Failure(
             True,
             f"cannot connect to the API server {server}: {_reason(exc)}",
             "check egress from the pod to the API server (NetworkPolicy) and that it is up",
         )
-    except (u3.TimeoutError, TimeoutError) as exc:
+    except TimeoutError as exc:
         return _Failure(
             True,
             f"no answer from the API server {server} in time: {_reason(exc)}",
             "check egress to the API server (NetworkPolicy), or raise topology.timeoutSeconds",
         )
-    except (u3.HTTPError, OSError) as exc:
+    except (http.client.HTTPException, OSError) as exc:
         return _Failure(
             True,
             f"request to the API server {server} failed: {_reason(exc)}",
             "check egress to the API server (NetworkPolicy) and its health",
         )
+    if response.status != 200:
+        return _status_failure(response.status, response.reason, response.body, config)
     try:
-        node = json.loads(body)
+        node = json.loads(response.body)
     except ValueError:
         node = None
     if not isinstance(node, dict) or node.get("kind", "Node") != "Node":
@@ -234,14 +259,10 @@ def _one_line(text: str) -> str:
 
 
 def _reason(exc: BaseException) -> str:
-    """A one-line reason from a urllib3/socket error, without urllib3's object reprs."""
-    reason = getattr(exc, "reason", None) or exc
-    text = str(reason)
+    """A one-line reason from a socket or TLS error."""
+    text = str(getattr(exc, "strerror", None) or exc)
     if "Connection refused" in text:
         return "connection refused"
     if "timed out" in text.lower():
         return "timed out"
-    # urllib3 prefixes "<urllib3.connection.HTTPSConnection object at 0x...>: "
-    if ">: " in text:
-        text = text.split(">: ", 1)[1]
     return " ".join(text.split())[:200]

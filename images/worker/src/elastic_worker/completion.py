@@ -76,16 +76,26 @@ def _scale_request(
     return answer if isinstance(answer, dict) else {}
 
 
+def set_replicas(
+    api: KubeApi, namespace: str, name: str, replicas: int, timeout: float
+) -> dict[str, object]:
+    """As `kubectl scale` does: a merge PATCH of the scale subresource; the Scale's JSON.
+
+    Raises urllib.error.HTTPError for a refusal, URLError/OSError/ValueError otherwise
+    (localrun's runner scales through this too)."""
+    body = json.dumps({"spec": {"replicas": replicas}}).encode()
+    return _scale_request(api, namespace, name, body, timeout)
+
+
 def scale_to_zero(api: KubeApi, namespace: str, names: tuple[str, ...], timeout: float = 10) -> int:
     """PATCH each StatefulSet's scale subresource to 0, in order; failures are warnings.
 
     Returns how many were scaled.
     """
-    body = json.dumps({"spec": {"replicas": 0}}).encode()
     scaled = 0
     for name in names:
         try:
-            _scale_request(api, namespace, name, body, timeout)
+            set_replicas(api, namespace, name, 0, timeout)
         except urllib.error.HTTPError as exc:
             if exc.code == 403:
                 logger.warning(

@@ -87,8 +87,3 @@ def merge(values: Mapping[str, str], environ: MutableMapping[str, str]) -> list[
             environ[key] = value
             applied.append(key)
     return applied
-
-
-def quote(value: str) -> str:
-    """The contract's writer side (used by tests and tools): 'value' with ' as '\\''."""
-    return "'" + value.replace("'", "'\\''") + "'"
