@@ -209,40 +209,55 @@ def load_checkpoint(root: Path, step: int, model: nn.Module, optim: torch.optim.
     set_state_dict(model, optim, model_state_dict=model_sd, optim_state_dict=optim_sd)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    root = Path(args.checkpoint_dir)
-    root.mkdir(parents=True, exist_ok=True)
-
+def _join(pg_timeout: float) -> tuple[torch.device, int]:
+    """This process's device, and the process group joined (bounded timeout)."""
     use_cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if use_cuda:
         torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     dist.init_process_group(
-        backend="nccl" if use_cuda else "gloo", timeout=timedelta(seconds=args.pg_timeout)
+        backend="nccl" if use_cuda else "gloo", timeout=timedelta(seconds=pg_timeout)
     )
+    return device, local_rank
+
+
+def _resume(
+    root: Path, rank: int, device: torch.device, model: nn.Module, optim: torch.optim.Optimizer
+) -> int | None:
+    """The step to resume from (None: start afresh), loaded into model and optimiser."""
+    # Every rank must agree on the step to resume from (the file may change under us):
+    # rank 0 reads `latest` and broadcasts it.
+    latest = read_latest(root) if rank == 0 else None
+    found = torch.tensor([-1 if latest is None else latest], dtype=torch.int64, device=device)
+    dist.broadcast(found, src=0)
+    if int(found.item()) < 0:
+        return None
+    start = int(found.item())
+    load_checkpoint(root, start, model, optim)
+    say(f"resumed step={start}")
+    return start
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    root = Path(args.checkpoint_dir)
+    root.mkdir(parents=True, exist_ok=True)
+
+    device, local_rank = _join(args.pg_timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     torch.manual_seed(0)
     model = DistributedDataParallel(
-        Model().to(device), device_ids=[local_rank] if use_cuda else None
+        Model().to(device), device_ids=[local_rank] if device.type == "cuda" else None
     )
     optim = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    start = 0
-    # Every rank must agree on the step to resume from (the file may change under us).
-    # Every rank must agree on the step to resume from: rank 0 reads `latest`, broadcasts.
-    latest = read_latest(root) if rank == 0 else None
-    found = torch.tensor([-1 if latest is None else latest], dtype=torch.int64, device=device)
-    dist.broadcast(found, src=0)
-    resumed = int(found.item()) >= 0
-    if resumed:
-        start = int(found.item())
-        load_checkpoint(root, start, model, optim)
-        say(f"resumed step={start}")
+    resumed_at = _resume(root, rank, device, model, optim)
+    resumed = resumed_at is not None
+    start = resumed_at or 0
     if rank == 0:  # once per group: each start follows one completed rendezvous round
         say(f"start step={start} world_size={world} restart={restart}")
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from elastic_worker import completion, config, epoch, etcdv2, exits, gate, launch, netif
 
 if TYPE_CHECKING:  # imported when on (_metrics): prometheus-client is needed only then
-    from elastic_worker import metrics
+    from elastic_worker import follow, metrics
 
 logger = logging.getLogger(__name__)
 
@@ -220,6 +220,23 @@ def _choose_interface(
     return choice, launch.local_address(cfg, choice, mesh)
 
 
+def _start_follower(
+    tracker: metrics.Tracker, ready: _Ready, env: dict[str, str]
+) -> follow.Follower | None:
+    """Follow torchrun's attempts for the metrics; None when there is nowhere to do it."""
+    from elastic_worker import follow  # noqa: PLC0415 - only when metrics are on
+
+    members = ready.registration.count if ready.registration is not None else None
+    try:
+        follower = follow.Follower(tracker, members)
+    except OSError as exc:  # no writable temp dir: the metrics lose the rounds only
+        logger.warning("metrics: cannot follow torchrun's attempts: %s", exc)
+        return None
+    env.update(follower.env())
+    follower.start()
+    return follower
+
+
 def _train(
     cfg: config.Config,
     client: etcdv2.Client,
@@ -230,44 +247,11 @@ def _train(
     """Run torchrun, in a fresh rendezvous epoch when torch closed the current one early."""
     env, added = launch.build_env(cfg, ready.choice, os.environ)
     logger.info("environment: %s", " ".join(f"{k}={v}" for k, v in sorted(added.items())))
-    follower = None
-    if tracker is not None:
-        from elastic_worker import follow  # noqa: PLC0415 - only when metrics are on
-
-        members = ready.registration.count if ready.registration is not None else None
-        try:
-            follower = follow.Follower(tracker, members)
-        except OSError as exc:  # no writable temp dir: the metrics lose the rounds only
-            logger.warning("metrics: cannot follow torchrun's attempts: %s", exc)
-        else:
-            env.update(follower.env())
-            follower.start()
+    follower = _start_follower(tracker, ready, env) if tracker is not None else None
     if ready.registration is not None:
         ready.registration.start()
     try:
-        epoch_now = epoch.current(client, cfg)
-        for reopen in range(epoch.MAX_REOPENS + 1):
-            if relay.stop.is_set():
-                return exits.signalled(signal.SIGTERM)
-            rdzv_id = epoch.run_id(cfg, epoch_now)
-            torchrun = launch.build_argv(cfg, ready.local_addr, rdzv_id=rdzv_id, pwd=env.get("PWD"))
-            logger.info("starting: %s", shlex.join(torchrun))
-            relay.supervisor = supervisor = launch.Supervisor(torchrun, env, cfg, client)
-            if tracker is not None:
-                tracker.torchrun_started()
-            code = supervisor.run()
-            if code == 0 or supervisor.signalled is not None or reopen == epoch.MAX_REOPENS:
-                return code
-            if not _closed_early(cfg, rdzv_id):
-                return code
-            epoch_now = epoch.advance(client, cfg, epoch_now)
-            logger.warning(
-                "rendezvous %s was closed before the job completed (an agent failed, "
-                "e.g. while etcd was away): joining rendezvous %s",
-                rdzv_id,
-                epoch.run_id(cfg, epoch_now),
-            )
-        return code
+        return _epochs(cfg, client, ready, relay, env=env, tracker=tracker)
     except etcdv2.EtcdError as exc:
         logger.error("etcd at %s failed: %s", cfg.endpoint, exc)
         return exits.GATE_TIMEOUT
@@ -276,6 +260,42 @@ def _train(
             follower.stop()
         if ready.registration is not None:
             ready.registration.stop()
+
+
+def _epochs(
+    cfg: config.Config,
+    client: etcdv2.Client,
+    ready: _Ready,
+    relay: _Relay,
+    *,
+    env: dict[str, str],
+    tracker: metrics.Tracker | None,
+) -> int:
+    """torchrun in the current epoch; again in the next while torch closed it early."""
+    epoch_now = epoch.current(client, cfg)
+    code = 0
+    for reopen in range(epoch.MAX_REOPENS + 1):
+        if relay.stop.is_set():
+            return exits.signalled(signal.SIGTERM)
+        rdzv_id = epoch.run_id(cfg, epoch_now)
+        torchrun = launch.build_argv(cfg, ready.local_addr, rdzv_id=rdzv_id, pwd=env.get("PWD"))
+        logger.info("starting: %s", shlex.join(torchrun))
+        relay.supervisor = supervisor = launch.Supervisor(torchrun, env, cfg, client)
+        if tracker is not None:
+            tracker.torchrun_started()
+        code = supervisor.run()
+        if code == 0 or supervisor.signalled is not None or reopen == epoch.MAX_REOPENS:
+            return code
+        if not _closed_early(cfg, rdzv_id):
+            return code
+        epoch_now = epoch.advance(client, cfg, epoch_now)
+        logger.warning(
+            "rendezvous %s was closed before the job completed (an agent failed, "
+            "e.g. while etcd was away): joining rendezvous %s",
+            rdzv_id,
+            epoch.run_id(cfg, epoch_now),
+        )
+    return code
 
 
 def _closed_early(cfg: config.Config, rdzv_id: str) -> bool:
