@@ -21,7 +21,17 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from elastic_worker import completion, config, epoch, etcdv2, exits, gate, launch, netif
+from elastic_worker import (
+    completion,
+    config,
+    epoch,
+    etcdv2,
+    exits,
+    gate,
+    launch,
+    memlock,
+    netif,
+)
 
 if TYPE_CHECKING:  # imported when on (_metrics): prometheus-client is needed only then
     from elastic_worker import follow, metrics
@@ -76,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tracker: metrics.Tracker | None = None
     try:
         cfg, client = _load(list(sys.argv[1:] if argv is None else argv))
+        if warning := memlock.check():
+            logger.warning("%s", warning)
         tracker = _metrics(cfg)
         if tracker is not None:
             tracker.gate_begin()
