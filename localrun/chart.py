@@ -184,6 +184,55 @@ def read_completion(
     return False if status == 404 else None
 
 
+# -- TLS Secrets a user brings -------------------------------------------------------------
+
+#: Where the charts mount the TLS Secrets a user may bring instead of cert-manager's
+#: (etcd-rendezvous `tls.existingSecret`, elastic-job `rendezvous.tls.caSecret` and
+#: `clientCertSecret`): etcd's server certificate, and the workers' CA and client cert.
+SERVER_TLS_MOUNT = "/etc/etcd/tls"
+CLIENT_TLS_MOUNTS = ("/etc/elastic-job/rendezvous-ca", "/etc/elastic-job/rendezvous-client")
+
+
+def brought_certificates(statefulsets: Iterable[Obj], present: set[str]) -> list[Obj]:
+    """Certificates for the run's cert-manager standing in for the TLS Secrets the pods
+    mount that nothing renders or issues (`present`): the server's names are the host of
+    etcd's --advertise-client-urls plus localhost; a CA-only or client Secret becomes a
+    client certificate (it carries ca.crt). One Secret named for both is the server's."""
+    wanted: dict[str, list[str]] = {}
+    for sts in statefulsets:
+        spec = sts["spec"]["template"]["spec"]
+        secrets = {
+            v["name"]: v["secret"]["secretName"]
+            for v in spec.get("volumes") or []
+            if "secret" in v and v["secret"].get("secretName")
+        }
+        for c in spec.get("containers") or []:
+            for m in c.get("volumeMounts") or []:
+                name = secrets.get(m.get("name", ""))
+                if not name or name in present:
+                    continue
+                if m.get("mountPath") == SERVER_TLS_MOUNT:
+                    host = client_endpoint(spec).server_name
+                    wanted[name] = [host, "localhost"] if host else ["localhost"]
+                elif m.get("mountPath") in CLIENT_TLS_MOUNTS:
+                    wanted.setdefault(name, [])
+    return [
+        {
+            "apiVersion": "cert-manager.io/v1",
+            "kind": "Certificate",
+            "metadata": {"name": f"elastic-local-{name}"},
+            "spec": {
+                "secretName": name,
+                "commonName": dns[0] if dns else "elastic-local-client",
+                "dnsNames": dns,
+                "ipAddresses": ["127.0.0.1"] if dns else [],
+                "usages": ["server auth" if dns else "client auth", "digital signature"],
+            },
+        }
+        for name, dns in sorted(wanted.items())
+    ]
+
+
 # -- the pods' lines ---------------------------------------------------------------------
 
 _ATTEMPT = re.compile(r"\[elastic-worker\] attempt (.*)$")

@@ -184,12 +184,19 @@ class Runner:
 
     def _issue_certificates(self, rendered: Rendered) -> None:
         """The cluster's CA (made per run) issues every Certificate's Secret, as
-        cert-manager would; the run keeps a client certificate of its own for etcd."""
-        if not rendered.certificates:
+        cert-manager would, and the TLS Secrets a user would bring; the run keeps a client
+        certificate of its own for etcd."""
+        present = set(rendered.secrets) | {
+            c.get("spec", {}).get("secretName", "") for c in rendered.certificates
+        }
+        certificates = rendered.certificates + chart.brought_certificates(
+            rendered.statefulsets, present
+        )
+        if not certificates:
             return
         try:
             ca = certmanager.CertificateAuthority(self.workdir / "pki")
-            issued = certmanager.issue_all(ca, rendered.certificates)
+            issued = certmanager.issue_all(ca, certificates)
             own = ca.sign("elastic-local", "elastic-local", [], ["client auth"])
         except certmanager.CertificateError as exc:
             raise SetupError(str(exc), EXIT_FAILED) from None
