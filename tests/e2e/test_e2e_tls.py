@@ -58,6 +58,14 @@ def assert_https_only(run: LocalRun, client_auth: bool) -> None:
     assert not rejected, rejected
 
 
+def _issued_secrets(sets: list[str]) -> list[str]:
+    values = dict(s.split("=", 1) for s in sets)
+    server = values.get("etcd-rendezvous.tls.existingSecret", "e2e-etcd-rendezvous-server-tls")
+    client = values.get("rendezvous.tls.clientCertSecret", "e2e-etcd-rendezvous-client-tls")
+    mutual = values.get("etcd-rendezvous.tls.clientCertAuth") == "true"
+    return [server, client] if mutual else [server]
+
+
 def _completes_through_a_sigkill(tmp_path: Path, sets: list[str]) -> LocalRun:
     # pod 1 is SIGKILLed at step 8 and stays down 10 s: the survivors re-form at two over
     # https, resume from the checkpoint and finish.
@@ -70,8 +78,8 @@ def _completes_through_a_sigkill(tmp_path: Path, sets: list[str]) -> LocalRun:
     assert kill["world_size"] == 2, run.describe()
     assert kill["resumed_step"] in s["checkpoint_steps"], kill
     assert "exited 137" in run.events()
-    for name in ("server", "client") if "clientCertAuth=true" in ",".join(sets) else ("server",):
-        assert f"certificate issued: Secret e2e-etcd-rendezvous-{name}-tls" in run.stdout
+    for name in _issued_secrets(sets):
+        assert f"certificate issued: Secret {name}" in run.stdout
     assert_cleaned_up(run)
     return run
 
@@ -87,3 +95,20 @@ def test_server_tls_job_loses_a_node_reforms_and_completes_over_https(tmp_path: 
     run = _completes_through_a_sigkill(tmp_path, SERVER_TLS)
     assert_https_only(run, client_auth=False)
     assert "Secret e2e-etcd-rendezvous-client-tls" not in run.stdout  # no client cert asked
+
+
+@pytest.mark.slow
+def test_existing_secrets_job_loses_a_node_reforms_and_completes_over_mutual_tls(
+    tmp_path: Path,
+) -> None:
+    # the Secrets a user brings (no cert-manager in the chart): issued by the run's CA
+    sets = [
+        "etcd-rendezvous.tls.enabled=true",
+        "etcd-rendezvous.tls.existingSecret=etcd-tls",
+        "etcd-rendezvous.tls.clientCertAuth=true",
+        "rendezvous.tls.enabled=true",
+        "rendezvous.tls.caSecret=etcd-tls",
+        "rendezvous.tls.clientCertSecret=worker-tls",
+    ]
+    run = _completes_through_a_sigkill(tmp_path, sets)
+    assert_https_only(run, client_auth=True)

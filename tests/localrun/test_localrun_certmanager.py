@@ -149,3 +149,50 @@ def test_client_endpoint_is_read_from_the_rendered_etcd_flags(rendered: Rendered
     ep = chart.client_endpoint(etcd["spec"]["template"]["spec"])
     assert ep == chart.Endpoint("https", "e2e-etcd-rendezvous.default.svc.cluster.local")
     assert chart.client_endpoint({"containers": [{"command": ["etcd"]}]}) == chart.Endpoint()
+
+
+def test_secrets_a_user_brings_are_issued_as_server_and_client_certificates(
+    tmp_path: Path,
+) -> None:
+    sets = [
+        "etcd-rendezvous.tls.enabled=true",
+        "etcd-rendezvous.tls.existingSecret=etcd-tls",
+        "etcd-rendezvous.tls.clientCertAuth=true",
+        "rendezvous.tls.enabled=true",
+        "rendezvous.tls.caSecret=etcd-tls",
+        "rendezvous.tls.clientCertSecret=worker-tls",
+    ]
+    r = render(
+        ROOT / "charts" / "elastic-job",
+        [ROOT / "values-examples" / "cpu-smoke.yaml"],
+        [",".join(sets)],
+        release="e2e",
+        namespace="default",
+    )
+    assert not r.certificates and not r.secrets
+    certs = {
+        c["spec"]["secretName"]: c["spec"]
+        for c in chart.brought_certificates(r.statefulsets, set())
+    }
+    # the CA Secret is etcd's server Secret here: issued once, as the server's
+    assert set(certs) == {"etcd-tls", "worker-tls"}
+    assert certs["etcd-tls"]["dnsNames"][0] == "e2e-etcd-rendezvous.default.svc.cluster.local"
+    assert "server auth" in certs["etcd-tls"]["usages"]
+    assert certs["worker-tls"]["usages"][0] == "client auth"
+    assert chart.brought_certificates(r.statefulsets, {"etcd-tls", "worker-tls"}) == []
+    ca = certmanager.CertificateAuthority(tmp_path)
+    secret = certmanager.issue(ca, chart.brought_certificates(r.statefulsets, set())[0])
+    d = tmp_path / "mounted"
+    d.mkdir()
+    for key, text in podspec.secret_data(secret).items():
+        (d / key).write_text(text)
+    _openssl("verify", "-CAfile", str(d / "ca.crt"), str(d / "tls.crt"))
+    # the plain chart (no TLS) asks for nothing
+    plain = render(
+        ROOT / "charts" / "elastic-job",
+        [ROOT / "values-examples" / "cpu-smoke.yaml"],
+        [],
+        release="e2e",
+        namespace="default",
+    )
+    assert chart.brought_certificates(plain.statefulsets, set()) == []
