@@ -11,9 +11,10 @@ mini-cluster (cluster/) and the host layer (host/) know none of it.
 
 from __future__ import annotations
 
+import http.client
 import re
-import urllib.error
-import urllib.request
+import ssl
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,20 +100,137 @@ def client_port(pod_spec: Obj) -> int:
     return DEFAULT_CLIENT_PORT
 
 
-def completion_url(ip: str, port: int, job: str) -> str:
+@dataclass(frozen=True)
+class Endpoint:
+    """How etcd serves its clients, from the rendezvous container's own flags: the scheme
+    of --listen-client-urls, and the host of --advertise-client-urls (the name its
+    certificate covers; the run connects to the pod's IP and checks that name)."""
+
+    scheme: str = "http"
+    server_name: str = ""
+
+
+def client_endpoint(pod_spec: Obj) -> Endpoint:
+    flags: dict[str, str] = {}
+    for c in pod_spec.get("containers") or []:
+        for arg in [*(c.get("command") or []), *(c.get("args") or [])]:
+            key, sep, value = str(arg).partition("=")
+            if sep and key in ("--listen-client-urls", "--advertise-client-urls"):
+                flags[key] = value.split(",")[0]
+    listen = urllib.parse.urlsplit(flags.get("--listen-client-urls", "http://"))
+    advertise = urllib.parse.urlsplit(flags.get("--advertise-client-urls", ""))
+    return Endpoint(listen.scheme or "http", advertise.hostname or "")
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """The run's own credentials for an etcd serving https: the cluster CA, and a client
+    certificate it signed (sent when etcd asks for one)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca))
+        ctx.load_cert_chain(str(self.cert), str(self.key))
+        return ctx
+
+
+def completion_url(ip: str, port: int, job: str, scheme: str = "http") -> str:
     """The worker's marker (elastic_worker.completion), read over etcd's v2 API."""
-    return f"http://{ip}:{port}/v2/keys/elastic-job/{job}/complete"
+    return f"{scheme}://{ip}:{port}/v2/keys/elastic-job/{job}/complete"
 
 
-def read_completion(url: str, timeout: float = 2.0) -> bool | None:
-    """True: the job is complete; False: not yet; None: etcd did not answer."""
+class _NamedHttps(http.client.HTTPSConnection):
+    """HTTPS to an address, checking the certificate against another name (the Service
+    name the pod answers for)."""
+
+    def __init__(self, host: str, port: int | None, name: str, **kw: Any) -> None:
+        super().__init__(host, port, **kw)
+        self._name = name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=self._name)  # type: ignore[attr-defined]
+
+
+def read_completion(
+    url: str, timeout: float = 2.0, tls: ClientTls | None = None, server_name: str = ""
+) -> bool | None:
+    """True: the job is complete; False: not yet; None: etcd did not answer (or its
+    certificate did not verify)."""
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname or "", parts.port
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return bool(resp.status == 200)
-    except urllib.error.HTTPError as exc:
-        return False if exc.code == 404 else None
-    except OSError:
+        if parts.scheme == "https":
+            if tls is None:
+                return None
+            ctx = tls.context()
+            conn: http.client.HTTPConnection = _NamedHttps(
+                host, port, server_name or host, timeout=timeout, context=ctx
+            )
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        try:
+            conn.request("GET", parts.path)
+            status = conn.getresponse().status
+        finally:
+            conn.close()
+    except (OSError, http.client.HTTPException):
         return None
+    if status == 200:
+        return True
+    return False if status == 404 else None
+
+
+# -- TLS Secrets a user brings -------------------------------------------------------------
+
+#: Where the charts mount the TLS Secrets a user may bring instead of cert-manager's
+#: (etcd-rendezvous `tls.existingSecret`, elastic-job `rendezvous.tls.caSecret` and
+#: `clientCertSecret`): etcd's server certificate, and the workers' CA and client cert.
+SERVER_TLS_MOUNT = "/etc/etcd/tls"
+CLIENT_TLS_MOUNTS = ("/etc/elastic-job/rendezvous-ca", "/etc/elastic-job/rendezvous-client")
+
+
+def brought_certificates(statefulsets: Iterable[Obj], present: set[str]) -> list[Obj]:
+    """Certificates for the run's cert-manager standing in for the TLS Secrets the pods
+    mount that nothing renders or issues (`present`): the server's names are the host of
+    etcd's --advertise-client-urls plus localhost; a CA-only or client Secret becomes a
+    client certificate (it carries ca.crt). One Secret named for both is the server's."""
+    wanted: dict[str, list[str]] = {}
+    for sts in statefulsets:
+        spec = sts["spec"]["template"]["spec"]
+        secrets = {
+            v["name"]: v["secret"]["secretName"]
+            for v in spec.get("volumes") or []
+            if "secret" in v and v["secret"].get("secretName")
+        }
+        for c in spec.get("containers") or []:
+            for m in c.get("volumeMounts") or []:
+                name = secrets.get(m.get("name", ""))
+                if not name or name in present:
+                    continue
+                if m.get("mountPath") == SERVER_TLS_MOUNT:
+                    host = client_endpoint(spec).server_name
+                    wanted[name] = [host, "localhost"] if host else ["localhost"]
+                elif m.get("mountPath") in CLIENT_TLS_MOUNTS:
+                    wanted.setdefault(name, [])
+    return [
+        {
+            "apiVersion": "cert-manager.io/v1",
+            "kind": "Certificate",
+            "metadata": {"name": f"elastic-local-{name}"},
+            "spec": {
+                "secretName": name,
+                "commonName": dns[0] if dns else "elastic-local-client",
+                "dnsNames": dns,
+                "ipAddresses": ["127.0.0.1"] if dns else [],
+                "usages": ["server auth" if dns else "client auth", "digital signature"],
+            },
+        }
+        for name, dns in sorted(wanted.items())
+    ]
 
 
 # -- the pods' lines ---------------------------------------------------------------------

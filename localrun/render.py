@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from localrun.cluster import certmanager
+
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
@@ -48,6 +50,7 @@ class Rendered:
     configmaps: dict[str, Obj] = field(default_factory=dict)
     secrets: dict[str, Obj] = field(default_factory=dict)
     service_accounts: dict[str, Obj] = field(default_factory=dict)
+    certificates: list[Obj] = field(default_factory=list)  # cert-manager.io Certificates
 
     @classmethod
     def from_objects(cls, objects: list[Obj], namespace: str, release: str) -> Rendered:
@@ -64,6 +67,8 @@ class Rendered:
                 r.secrets[name] = o
             elif kind == "ServiceAccount":
                 r.service_accounts[name] = o
+            elif certmanager.is_certificate(o):
+                r.certificates.append(o)
         return r
 
 

@@ -33,7 +33,7 @@ from elastic_worker import completion
 from elastic_worker.config import KubeApi
 
 from localrun import chart
-from localrun.cluster import podspec
+from localrun.cluster import certmanager, podspec
 from localrun.cluster.apiserver import FakeApiServer
 from localrun.cluster.apiserver import Fault as ApiFault
 from localrun.cluster.cluster import Cluster
@@ -110,6 +110,7 @@ class Runner:
         self.cluster: Cluster | None = None
         self.injector: Injector | None = None
         self.mountpoints = Mountpoints()
+        self.client_tls: chart.ClientTls | None = None
         _remove_stale_workdirs()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"elastic-local-e{os.getpid()}-"))
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -166,6 +167,7 @@ class Runner:
         (self.outdir / "rendered.json").write_text(json.dumps(rendered.objects, indent=1))
         if not rendered.statefulsets:
             raise SetupError("the chart rendered no StatefulSet", EXIT_USAGE)
+        self._issue_certificates(rendered)
         self.network = self._network()
         nodes = load_nodes(cfg.profile)
         self.api = self._api_server(rendered, nodes, self.network.host_ip)
@@ -179,6 +181,29 @@ class Runner:
         )
         for name in self.injector.unknown_pods():
             self.event(f"warning: no StatefulSet makes a pod named {name!r}")
+
+    def _issue_certificates(self, rendered: Rendered) -> None:
+        """The cluster's CA (made per run) issues every Certificate's Secret, as
+        cert-manager would, and the TLS Secrets a user would bring; the run keeps a client
+        certificate of its own for etcd."""
+        present = set(rendered.secrets) | {
+            c.get("spec", {}).get("secretName", "") for c in rendered.certificates
+        }
+        certificates = rendered.certificates + chart.brought_certificates(
+            rendered.statefulsets, present
+        )
+        if not certificates:
+            return
+        try:
+            ca = certmanager.CertificateAuthority(self.workdir / "pki")
+            issued = certmanager.issue_all(ca, certificates)
+            own = ca.sign("elastic-local", "elastic-local", [], ["client auth"])
+        except certmanager.CertificateError as exc:
+            raise SetupError(str(exc), EXIT_FAILED) from None
+        for name, secret in issued.items():
+            rendered.secrets.setdefault(name, secret)
+            self.event(f"certificate issued: Secret {name}")
+        self.client_tls = chart.ClientTls(ca.crt, own.crt, own.key)
 
     def _network(self) -> Network:
         isolated = (
@@ -323,24 +348,35 @@ class Runner:
 
     # -- completion ----------------------------------------------------------------------
 
-    def _completion_url(self) -> str | None:
-        """The marker's URL on the running rendezvous pod (None: no such pod, or no job id
-        known yet)."""
+    def _completion_target(self) -> tuple[str, str] | None:
+        """The marker's URL on the running rendezvous pod and the name its certificate
+        covers (None: no such pod, or no job id known yet)."""
         assert self.cluster is not None
         if not self.job_id:
             return None
         for p in self.cluster.pods():
             if chart.is_rendezvous(p.labels) and p.ip and p.phase == Phase.RUNNING:
-                return chart.completion_url(p.ip, chart.client_port(p.sts.pod_spec), self.job_id)
+                spec = p.sts.pod_spec
+                ep = chart.client_endpoint(spec)
+                url = chart.completion_url(p.ip, chart.client_port(spec), self.job_id, ep.scheme)
+                return url, ep.server_name
         return None
 
+    def _read_completion(self, timeout: float = 2.0) -> bool | None:
+        """None also when no rendezvous pod runs."""
+        target = self._completion_target()
+        if target is None:
+            return None
+        url, name = target
+        return chart.read_completion(url, timeout, tls=self.client_tls, server_name=name)
+
     def _check_completion(self, now: float) -> bool | None:
-        url = self._completion_url()
-        found = chart.read_completion(url) if url else None
+        running = self._completion_target() is not None
+        found = self._read_completion()
         if found:
             self.state.etcd_complete = True
             self.state.complete(now, "completion marker set in etcd")
-        elif url is None and self._rendezvous_scaled_to_zero():
+        elif not running and self._rendezvous_scaled_to_zero():
             # The worker that set the marker scales the etcd StatefulSet to 0 last (the
             # chart's scale-down), as elastic-worker itself reads it: the job is complete.
             found = True
@@ -397,11 +433,10 @@ class Runner:
 
     def _cleanup(self) -> None:
         if self.cluster is not None:
-            url = self._completion_url()
             with contextlib.suppress(Exception):
                 self.state.rendezvous_scaled_to_zero = self._rendezvous_scaled_to_zero()
                 # A marker seen earlier stands: at the end etcd may be scaled to 0 already.
-                found = chart.read_completion(url, timeout=3) if url else None
+                found = self._read_completion(timeout=3)
                 if found is not None or self.state.etcd_complete is None:
                     self.state.etcd_complete = found
             self.state.observe(self.cluster.pods(), self._partitioned)
