@@ -226,7 +226,12 @@ def brought_certificates(statefulsets: Iterable[Obj], present: set[str]) -> list
                 "commonName": dns[0] if dns else "elastic-local-client",
                 "dnsNames": dns,
                 "ipAddresses": ["127.0.0.1"] if dns else [],
-                "usages": ["server auth" if dns else "client auth", "digital signature"],
+                # A server certificate the user brings needs client auth too (as the
+                # chart's own Certificate has): etcd's gateway dials etcd with it.
+                "usages": [
+                    *(["server auth", "client auth"] if dns else ["client auth"]),
+                    "digital signature",
+                ],
             },
         }
         for name, dns in sorted(wanted.items())
