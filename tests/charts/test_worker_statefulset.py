@@ -212,6 +212,38 @@ def test_checkov_skips_follow_the_settings() -> None:
     assert list(annotations) == [f"checkov.io/skip{i}" for i in range(1, len(annotations) + 1)]
 
 
+DIGEST = "sha256:" + "ab" * 32
+
+
+def test_the_digest_skip_goes_once_both_images_are_pinned_by_digest() -> None:
+    """worker.image.digest and initTopology.image.digest: CKV_K8S_43 holds, no skip;
+    one of them alone keeps it (the other image is still pulled by tag)."""
+
+    def skips(*sets: str) -> list[str]:
+        annotations = render_sts(sets=list(sets))["metadata"]["annotations"]
+        assert list(annotations) == [f"checkov.io/skip{i}" for i in range(1, len(annotations) + 1)]
+        return [v.split("=")[0] for v in annotations.values()]
+
+    assert "CKV_K8S_43" in skips()
+    assert "CKV_K8S_43" in skips(f"worker.image.digest={DIGEST}")
+    both = skips(f"worker.image.digest={DIGEST}", f"initTopology.image.digest={DIGEST}")
+    assert "CKV_K8S_43" not in both
+    assert both == [k for k in skips() if k != "CKV_K8S_43"]
+
+
+def test_the_etcd_digest_skip_goes_with_a_digest() -> None:
+    def skips(*sets: str) -> list[str]:
+        (sts,) = [
+            o
+            for o in objects(ELASTIC_JOB, sets=list(sets))
+            if o["kind"] == "StatefulSet" and "etcd" in o["metadata"]["name"]
+        ]
+        return [v.split("=")[0] for v in sts["metadata"]["annotations"].values()]
+
+    assert "CKV_K8S_43" in skips()
+    assert "CKV_K8S_43" not in skips(f"etcd-rendezvous.image.digest={DIGEST}")
+
+
 def test_worker_runs_as_the_worker_images_user_and_init_as_65532() -> None:
     """The worker container runs as the worker image's user 10001 (HOME for caches); the
     pod's user (init-topology's, 65532) and fsGroup stay as the init container needs."""

@@ -353,6 +353,15 @@ StatefulSet, each with the reason, as its checkov.io/skipN annotations.
   "CKV_K8S_8=torchrun has no health endpoint; a hung rendezvous is bounded by join_timeout and the gate timeout instead"
   "CKV_K8S_9=workers serve no traffic; a readiness probe would only hide pods from the headless Service DNS"
   "CKV_K8S_35=the rendezvous settings passed by environment are not secrets" -}}
+{{- /* Every image pulled by digest (the chart's two and the user's extra containers'):
+CKV_K8S_43 (the first) holds, no skip. */ -}}
+{{- $byDigest := and $w.image.digest .root.Values.initTopology.image.digest -}}
+{{- range $list := list "extraInitContainers" "extraContainers" -}}
+{{- range $c := index $w $list -}}
+{{- if not (contains "@sha256:" (toString $c.image)) }}{{ $byDigest = false }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- if $byDigest }}{{ $skips = rest $skips }}{{ end -}}
 {{- $res := .settings.resources | default dict -}}
 {{- $requests := $res.requests | default dict -}}
 {{- $limits := $res.limits | default dict -}}

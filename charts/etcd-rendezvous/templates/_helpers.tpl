@@ -201,6 +201,8 @@ reason, as the StatefulSet's checkov.io/skipN annotations.
   "CKV_K8S_43=the tag is pinned to an etcd release (image.tag); a digest can be appended to the tag"
   "CKV_K8S_15=tags are pinned, so IfNotPresent is correct and needs no registry on restart"
   "CKV_K8S_119=one member: the peer URL listens on the pod's loopback only, so there is no peer traffic to encrypt" -}}
+{{- /* Pulled by digest: CKV_K8S_43 (the first) holds, no skip. */ -}}
+{{- if .Values.image.digest }}{{ $skips = rest $skips }}{{ end -}}
 {{- $limits := (.Values.resources | default dict).limits | default dict -}}
 {{- if not $limits.cpu -}}
 {{- $skips = append $skips "CKV_K8S_11=a CPU limit throttles etcd's heartbeats under load; requests are set, limits are the user's choice (resources)" -}}
