@@ -115,22 +115,29 @@ class EtcdServer:
                 self.process.wait(10)
 
 
-def start_etcd(data_dir: Path, *, v2: bool = True, host: str = "127.0.0.1") -> EtcdServer:
-    etcd = shutil.which("etcd")
-    if etcd is None:
-        pytest.fail("etcd is not installed: run scripts/bootstrap (apt-get install etcd-server)")
-    client, peer = free_port(), free_port()
-    cmd = [
+def etcd_command(
+    etcd: str, data_dir: Path, host: str, client: int, peer: int, *, v2: bool, scheme: str = "http"
+) -> list[str]:
+    """One etcd member on `host`: clients on `client` over `scheme`, peers on `peer`."""
+    return [
         etcd,
         "--name=default",
         f"--data-dir={data_dir}",
-        f"--listen-client-urls=http://{host}:{client}",
-        f"--advertise-client-urls=http://{host}:{client}",
+        f"--listen-client-urls={scheme}://{host}:{client}",
+        f"--advertise-client-urls={scheme}://{host}:{client}",
         f"--listen-peer-urls=http://{host}:{peer}",
         f"--initial-advertise-peer-urls=http://{host}:{peer}",
         f"--initial-cluster=default=http://{host}:{peer}",
         f"--enable-v2={'true' if v2 else 'false'}",
     ]
+
+
+def start_etcd(data_dir: Path, *, v2: bool = True, host: str = "127.0.0.1") -> EtcdServer:
+    etcd = shutil.which("etcd")
+    if etcd is None:
+        pytest.fail("etcd is not installed: run scripts/bootstrap (apt-get install etcd-server)")
+    client, peer = free_port(), free_port()
+    cmd = etcd_command(etcd, data_dir, host, client, peer, v2=v2)
     log = open(data_dir.parent / f"{data_dir.name}.log", "wb")  # noqa: SIM115 - outlives this call
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     server = EtcdServer(f"{host}:{client}", data_dir, proc, v2)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from testlib import EtcdServer, free_port
+from testlib import EtcdServer, etcd_command, free_port
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -106,18 +106,8 @@ def start_tls_etcd(data_dir: Path, pki: Pki, flags: list[str]) -> EtcdServer:
     if etcd is None:
         pytest.fail("etcd is not installed: run scripts/bootstrap (apt-get install etcd-server)")
     client, peer = free_port(), free_port()
-    cmd = [
-        etcd,
-        "--name=default",
-        f"--data-dir={data_dir}",
-        f"--listen-client-urls=https://127.0.0.1:{client}",
-        f"--advertise-client-urls=https://127.0.0.1:{client}",
-        f"--listen-peer-urls=http://127.0.0.1:{peer}",
-        f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-        f"--initial-cluster=default=http://127.0.0.1:{peer}",
-        "--enable-v2=true",
-        *flags,
-    ]
+    cmd = etcd_command(etcd, data_dir, "127.0.0.1", client, peer, v2=True, scheme="https")
+    cmd += flags
     log = open(data_dir.parent / f"{data_dir.name}.log", "wb")  # noqa: SIM115 - outlives this call
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     server = EtcdServer(f"127.0.0.1:{client}", data_dir, proc, v2=True)
