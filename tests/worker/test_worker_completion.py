@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import threading
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from elastic_worker import completion, config, etcdv2, launch
 from testlib import EtcdServer
+from worker_helpers import TRAIN, Agent, wait_until, worker_env
 
 from localrun.cluster.apiserver import FakeApiServer
 
@@ -200,3 +202,27 @@ def test_success_after_another_pod_scaled_etcd_away_exits_0_at_once(tmp_path: Pa
         start = time.monotonic()
         assert sup.run() == 0
         assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("complete", [True, False], ids=["complete", "not-complete"])
+def test_a_pod_stopped_in_the_gate_exits_0_only_when_the_job_is_complete(
+    etcd: EtcdServer, tmp_path: Path, complete: bool
+) -> None:
+    # The first pod to finish scales the job to 0: a pod still waiting in the peer gate
+    # (two peers asked, one here) gets SIGTERM then, and must leave as a spare does.
+    job = f"gate-stop-{complete}"
+    env = worker_env(etcd.endpoint, job, ELASTIC_GATE_PEERS="true", ELASTIC_MIN_NODES="2")
+    agent = Agent.start("a", [str(TRAIN), "--steps", "1"], env, tmp_path / "a.log")
+    try:
+        wait_until("the peer gate", lambda: "peers" in agent.text(), 30)
+        if complete:
+            etcdv2.Client(etcd.url).set(f"/elastic-job/{job}/complete", "{}")
+        agent.proc.send_signal(signal.SIGTERM)
+        code = agent.wait(30)
+    finally:
+        agent.kill()
+    if complete:
+        assert code == 0, agent.text()
+        assert f"job {job} is complete, so exit 0 (not 143)" in agent.text()
+    else:
+        assert code == 143, agent.text()

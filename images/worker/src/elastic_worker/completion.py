@@ -25,6 +25,16 @@ def is_complete(client: etcdv2.Client, config: Config) -> bool:
     return client.get_value(complete_key(config)) is not None
 
 
+def complete_now(client: etcdv2.Client, config: Config) -> bool:
+    """Whether the job is complete, asked once: the marker in etcd, or, when etcd cannot
+    answer (a finished job scales it to 0 after the workers), the rendezvous' scale."""
+    try:
+        return is_complete(client, config)
+    except etcdv2.EtcdError as exc:
+        logger.debug("completion check failed: %s", exc)
+        return rendezvous_scaled_to_zero(config)
+
+
 def mark_complete(client: etcdv2.Client, config: Config) -> None:
     """Set the marker once; a marker another pod set first is left as it is."""
     value = json.dumps(

@@ -271,7 +271,7 @@ class Supervisor:
         if self.signalled is not None:
             # The first pod to finish scales the StatefulSets to 0, so pods that are still
             # leaving get SIGTERM; the job is done, and so are they: exit 0.
-            if self._complete_now():
+            if completion.complete_now(self.client, self.config):
                 logger.info(
                     "torchrun exited with %d after %s; job %s is complete: exit 0",
                     code,
@@ -292,14 +292,6 @@ class Supervisor:
             return 0
         logger.error("torchrun exited with %d", code)
         return code
-
-    def _complete_now(self) -> bool:
-        try:
-            return completion.is_complete(self.client, self.config)
-        except etcdv2.EtcdError as exc:
-            logger.debug("completion check failed: %s", exc)
-            # etcd may already be gone: a finished job scales it to 0 after the workers.
-            return completion.rendezvous_scaled_to_zero(self.config)
 
     def _mark_complete(self) -> None:
         deadline = time.monotonic() + 30

@@ -86,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     tracker: metrics.Tracker | None = None
     try:
         cfg, client = _load(list(sys.argv[1:] if argv is None else argv))
+    except _Exit as leave:
+        return leave.code
+    try:
         if warning := memlock.check():
             logger.warning("%s", warning)
         tracker = _metrics(cfg)
@@ -94,18 +97,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         ready = _gate(cfg, client, relay.stop)
         if tracker is not None:
             tracker.gate_end()
-        if ready is None:
-            if tracker is not None:
-                tracker.finished(completed=True)
-            return exits.OK
-        code = _train(cfg, client, ready, relay, tracker)
-        if tracker is not None:
-            tracker.finished(completed=code == exits.OK)
-        return code
+        code = exits.OK if ready is None else _train(cfg, client, ready, relay, tracker)
     except _Exit as leave:
-        if tracker is not None:
-            tracker.finished(completed=False)
-        return leave.code
+        code = leave.code
+    if code != exits.OK and relay.stop.is_set() and completion.complete_now(client, cfg):
+        # The first pod to finish scales the job to 0: whatever this pod was doing when
+        # its SIGTERM came (gating, between torchrun runs, waiting as a spare), it is done.
+        logger.info("stopping: job %s is complete, so exit 0 (not %d)", cfg.job_id, code)
+        code = exits.OK
+    if tracker is not None:
+        tracker.finished(completed=code == exits.OK)
+    return code
 
 
 def _metrics(cfg: config.Config) -> metrics.Tracker | None:
