@@ -58,6 +58,24 @@ UPSTREAM_CRDS = {
 }
 SHARED_CACHE = TOOLS / "shared-cache"
 
+#: The chart's TLS configurations, as --set lists: etcd's certificates from cert-manager
+#: (server TLS, then with client-certificate auth), and Secrets the user brings.
+SERVER_TLS = [
+    "etcd-rendezvous.tls.enabled=true",
+    "etcd-rendezvous.tls.certManager.enabled=true",
+    "etcd-rendezvous.tls.certManager.issuerRef.name=ca",
+    "rendezvous.tls.enabled=true",
+]
+MUTUAL_TLS = [*SERVER_TLS, "etcd-rendezvous.tls.clientCertAuth=true"]
+EXISTING_SECRETS_TLS = [
+    "etcd-rendezvous.tls.enabled=true",
+    "etcd-rendezvous.tls.existingSecret=etcd-tls",
+    "etcd-rendezvous.tls.clientCertAuth=true",
+    "rendezvous.tls.enabled=true",
+    "rendezvous.tls.caSecret=etcd-tls",
+    "rendezvous.tls.clientCertSecret=worker-tls",
+]
+
 
 def shared_dir() -> Path | None:
     """../shared beside the checkout (developers and CI), else the same CRDs fetched from

@@ -305,6 +305,10 @@ def test_at_least_25_bad_values_cases() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_bad_value_fails_naming_it(helm: Path, case: Bad, tmp_path: Path) -> None:
+    assert_refused(helm, case, tmp_path)
+
+
+def assert_refused(helm: Path, case: Bad, tmp_path: Path) -> None:
     """helm template fails, names the value, and prints no manifest."""
     values = []
     if case.values:

@@ -18,19 +18,12 @@ from localrun_e2e import (
     root_with_namespaces,
     run_local,
 )
+from testlib import EXISTING_SECRETS_TLS, MUTUAL_TLS, SERVER_TLS
 
 pytestmark = [
     pytest.mark.netns,
     pytest.mark.skipif(bool(root_with_namespaces()), reason=root_with_namespaces() or "ok"),
 ]
-
-SERVER_TLS = [
-    "etcd-rendezvous.tls.enabled=true",
-    "etcd-rendezvous.tls.certManager.enabled=true",
-    "etcd-rendezvous.tls.certManager.issuerRef.name=ca",
-    "rendezvous.tls.enabled=true",
-]
-MUTUAL_TLS = [*SERVER_TLS, "etcd-rendezvous.tls.clientCertAuth=true"]
 
 
 def _etcd_log(run: LocalRun) -> list[dict[str, object]]:
@@ -108,13 +101,5 @@ def test_existing_secrets_job_loses_a_node_reforms_and_completes_over_mutual_tls
     tmp_path: Path,
 ) -> None:
     # the Secrets a user brings (no cert-manager in the chart): issued by the run's CA
-    sets = [
-        "etcd-rendezvous.tls.enabled=true",
-        "etcd-rendezvous.tls.existingSecret=etcd-tls",
-        "etcd-rendezvous.tls.clientCertAuth=true",
-        "rendezvous.tls.enabled=true",
-        "rendezvous.tls.caSecret=etcd-tls",
-        "rendezvous.tls.clientCertSecret=worker-tls",
-    ]
-    run = _completes_through_a_sigkill(tmp_path, sets)
+    run = _completes_through_a_sigkill(tmp_path, EXISTING_SECRETS_TLS)
     assert_https_only(run, client_auth=True)

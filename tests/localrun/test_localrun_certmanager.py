@@ -7,19 +7,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from testlib import EXISTING_SECRETS_TLS, MUTUAL_TLS
 from worker.etcd_tls import Pki, start_tls_etcd
 
 from localrun import chart
 from localrun.cluster import certmanager, podspec
 from localrun.render import ROOT, Rendered, render
 
-TLS = [
-    "etcd-rendezvous.tls.enabled=true",
-    "etcd-rendezvous.tls.clientCertAuth=true",
-    "etcd-rendezvous.tls.certManager.enabled=true",
-    "etcd-rendezvous.tls.certManager.issuerRef.name=ca",
-    "rendezvous.tls.enabled=true",
-]
+TLS = MUTUAL_TLS
 SERVER, CLIENT = "e2e-etcd-rendezvous-server-tls", "e2e-etcd-rendezvous-client-tls"
 
 
@@ -154,14 +149,7 @@ def test_client_endpoint_is_read_from_the_rendered_etcd_flags(rendered: Rendered
 def test_secrets_a_user_brings_are_issued_as_server_and_client_certificates(
     tmp_path: Path,
 ) -> None:
-    sets = [
-        "etcd-rendezvous.tls.enabled=true",
-        "etcd-rendezvous.tls.existingSecret=etcd-tls",
-        "etcd-rendezvous.tls.clientCertAuth=true",
-        "rendezvous.tls.enabled=true",
-        "rendezvous.tls.caSecret=etcd-tls",
-        "rendezvous.tls.clientCertSecret=worker-tls",
-    ]
+    sets = EXISTING_SECRETS_TLS
     r = render(
         ROOT / "charts" / "elastic-job",
         [ROOT / "values-examples" / "cpu-smoke.yaml"],
