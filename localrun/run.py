@@ -38,8 +38,9 @@ from localrun.cluster.apiserver import FakeApiServer
 from localrun.cluster.apiserver import Fault as ApiFault
 from localrun.cluster.cluster import Cluster
 from localrun.cluster.kubelet import KubeletConfig, PodEvents
-from localrun.cluster.nodes import load_nodes
+from localrun.cluster.nodes import internal_ip, load_nodes
 from localrun.cluster.pod import Phase, Pod
+from localrun.cluster.podobject import pod_object
 from localrun.cluster.podspec import Container
 from localrun.cluster.statefulset import StatefulSet
 from localrun.cluster.volumes import VolumeSources
@@ -111,6 +112,7 @@ class Runner:
         self.injector: Injector | None = None
         self.mountpoints = Mountpoints()
         self.client_tls: chart.ClientTls | None = None
+        self._incarnations: dict[str, int] = {}
         _remove_stale_workdirs()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"elastic-local-e{os.getpid()}-"))
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -242,7 +244,13 @@ class Runner:
             replicas = int(sts["spec"].get("replicas", 1))
             api.add_statefulset(meta.get("namespace", cfg.namespace), meta["name"], replicas, sts)
         api.on_scale = lambda ns, name, replicas: self.events.put(("scale", ns, name, replicas))
+        api.log_source = self._log_source
         self.event(f"fake API server {api.url} with {len(nodes)} nodes ({cfg.profile})")
+        # For kubectl and elastic-job on this machine: KUBECONFIG=<out>/kubeconfig.
+        kubeconfig = self.outdir / "kubeconfig"
+        kubeconfig.write_text(json.dumps(api.kubeconfig(cfg.namespace), indent=1))
+        kubeconfig.chmod(0o600)
+        self.event(f"kubeconfig for this run's API server: {kubeconfig}")
         return api
 
     def _cluster(
@@ -298,6 +306,7 @@ class Runner:
             for pod in self.injector.healed(now):
                 self.state.pod_started(pod, self._rel(now), "link up")
             self.cluster.reconcile(now)
+            self._publish_pods()
             self._poll_completion(now)
             self.state.observe(self.cluster.pods(), self._partitioned)
             self.progress.draw()
@@ -305,6 +314,28 @@ class Runner:
             if done is not None:
                 return done
             time.sleep(0.1)
+
+    def _publish_pods(self) -> None:
+        """The API server serves the pods as they are now (podobject.py)."""
+        assert self.cluster is not None and self.api is not None
+        owners = {n: s["metadata"]["uid"] for (_, n), s in self.api.statefulsets.items()}
+        nodes = self.cluster.nodes
+        pods = [
+            pod_object(p, owners.get(p.sts.name, ""), internal_ip(nodes.get(p.node, {})))
+            for p in self.cluster.pods()
+            if p.phase != Phase.GONE
+        ]
+        self.api.publish_pods(self.cfg.namespace, pods)
+        # Read by the API server's threads: replaced whole, never changed in place.
+        self._incarnations = {p.name: p.incarnation for p in self.cluster.pods()}
+
+    def _log_source(self, namespace: str, pod: str, container: str) -> tuple[Path, int] | None:
+        """The log file of a pod's container and the pod's incarnation (the API server's
+        pods/log reads the current incarnation's runs from it)."""
+        incarnation = self._incarnations.get(pod)
+        if incarnation is None or namespace != self.cfg.namespace:
+            return None
+        return self.outdir / "logs" / pod / f"{container}.log", incarnation
 
     def _pending(self) -> Iterator[tuple[Any, ...]]:
         """The events queued so far, without waiting for more."""
