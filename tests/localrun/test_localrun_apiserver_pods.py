@@ -60,7 +60,8 @@ def pod(name: str, *, running: bool = True, ip: str = "127.0.0.1", **labels: str
         },
         "spec": {
             "containers": [
-                {"name": "worker", "image": "w:1", "ports": [{"name": "metrics", "containerPort": 0}]}
+                {"name": "worker", "image": "w:1",
+                 "ports": [{"name": "metrics", "containerPort": 0}]}
             ]
         },
         "status": {
