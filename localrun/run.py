@@ -40,7 +40,7 @@ from localrun.cluster.cluster import Cluster
 from localrun.cluster.kubelet import KubeletConfig, PodEvents
 from localrun.cluster.nodes import internal_ip, load_nodes
 from localrun.cluster.pod import Phase, Pod
-from localrun.cluster.podobject import pod_object
+from localrun.cluster.podobject import lifecycle_events, pod_object
 from localrun.cluster.podspec import Container
 from localrun.cluster.statefulset import StatefulSet
 from localrun.cluster.volumes import VolumeSources
@@ -113,6 +113,7 @@ class Runner:
         self.mountpoints = Mountpoints()
         self.client_tls: chart.ClientTls | None = None
         self._incarnations: dict[str, int] = {}
+        self._published: dict[str, dict[str, Any]] = {}  # pods as last served, by name
         _remove_stale_workdirs()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"elastic-local-e{os.getpid()}-"))
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -325,6 +326,9 @@ class Runner:
             for p in self.cluster.pods()
             if p.phase != Phase.GONE
         ]
+        for event in lifecycle_events(self._published, pods):
+            self.api.add_event(event)
+        self._published = {p["metadata"]["name"]: p for p in pods}
         self.api.publish_pods(self.cfg.namespace, pods)
         # Read by the API server's threads: replaced whole, never changed in place.
         self._incarnations = {p.name: p.incarnation for p in self.cluster.pods()}

@@ -161,3 +161,67 @@ def pod_object(pod: Pod, owner_uid: str, host_ip: str = "") -> JsonObject:
         }
     ]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": status}
+
+
+def _event(
+    obj: JsonObject, reason: str, message: str, component: str, host: str = ""
+) -> JsonObject:
+    meta = obj["metadata"]
+    source: JsonObject = {"component": component, **({"host": host} if host else {})}
+    return {
+        "metadata": {"namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": obj.get("apiVersion", "v1"),
+            "kind": obj.get("kind", "Pod"),
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid", ""),
+        },
+        "reason": reason,
+        "message": message,
+        "type": "Normal",
+        "source": source,
+        "count": 1,
+    }
+
+
+def lifecycle_events(before: dict[str, JsonObject], after: list[JsonObject]) -> list[JsonObject]:
+    """The Events the StatefulSet controller, the scheduler and the kubelet record for the
+    change from the pods `before` (by name) to the pods `after` (timestamps: now)."""
+    out: list[JsonObject] = []
+    now = {p["metadata"]["name"]: p for p in after}
+    for name, new in now.items():
+        old = before.get(name)
+        meta = new["metadata"]
+        fresh = old is None or old["metadata"]["uid"] != meta["uid"]
+        owner = (meta.get("ownerReferences") or [{}])[0]
+        if fresh and owner.get("kind") == "StatefulSet":
+            sts = {
+                "apiVersion": "apps/v1",
+                "kind": "StatefulSet",
+                "metadata": {
+                    "name": owner["name"],
+                    "namespace": meta["namespace"],
+                    "uid": owner.get("uid", ""),
+                },
+            }
+            message = f"create Pod {name} in StatefulSet {owner['name']} successful"
+            out.append(_event(sts, "SuccessfulCreate", message, "statefulset-controller"))
+        node = new["spec"].get("nodeName")
+        if node and (fresh or not (old or {}).get("spec", {}).get("nodeName")):
+            message = f"Successfully assigned {meta['namespace']}/{name} to {node}"
+            out.append(_event(new, "Scheduled", message, "default-scheduler"))
+        if meta.get("deletionTimestamp") and (
+            fresh or not (old or {})["metadata"].get("deletionTimestamp")
+        ):
+            container = new["spec"]["containers"][0]["name"]
+            out.append(
+                _event(new, "Killing", f"Stopping container {container}", "kubelet", node or "")
+            )
+    for name, old in before.items():
+        gone = name not in now or now[name]["metadata"]["uid"] != old["metadata"]["uid"]
+        if gone and not old["metadata"].get("deletionTimestamp"):
+            container = old["spec"]["containers"][0]["name"]
+            host = old["spec"].get("nodeName", "")
+            out.append(_event(old, "Killing", f"Stopping container {container}", "kubelet", host))
+    return out
