@@ -81,6 +81,7 @@ class RunConfig:
     give_up_after: int = 5
     live: bool | None = None  # None: live view when stdout is a terminal
     loopback: bool = False  # force the no-root fallback
+    linger: float = 0.0  # seconds the API server stays up after the end
 
 
 class Interrupted(Exception):
@@ -466,6 +467,14 @@ class Runner:
             return False
         return True
 
+    def _linger(self) -> None:
+        """Keep serving the API (every pod gone) for `linger` seconds after the end, so
+        that a client watching the job (elastic-job logs --save) sees how it ended."""
+        if self.cfg.linger > 0 and self.api is not None:
+            self._publish_pods()
+            self.event(f"the API server stays up {self.cfg.linger:g}s (--linger)")
+            time.sleep(self.cfg.linger)
+
     def _cleanup(self) -> None:
         if self.cluster is not None:
             with contextlib.suppress(Exception):
@@ -478,6 +487,7 @@ class Runner:
             try:
                 for name, rc in self.cluster.stop(grace=3.0).items():
                     self.state.exited(name, rc)
+                self._linger()
             except Exception:  # cleanup goes on whatever failed
                 log.exception("stopping pods failed")
         for item in self._pending():

@@ -75,10 +75,16 @@ class Kube:
 
     # -- errors ------------------------------------------------------------------------------
 
+    #: Seconds a request may take (not a watch or a log follow): a cluster that went away
+    #: must end the command, not hang it.
+    timeout = 15.0
+
     def call(
         self, verb: str, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> Any:
         """`fn(*args, **kwargs)`; a refusal becomes a CommandError naming the RBAC verb."""
+        if not kwargs.get("follow") and not kwargs.get("watch"):
+            kwargs.setdefault("_request_timeout", self.timeout)
         try:
             return fn(*args, **kwargs)
         except ApiException as exc:

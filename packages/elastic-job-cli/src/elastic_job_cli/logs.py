@@ -318,7 +318,11 @@ class Saver:
             old.stop()
         try:
             text = self.kube.core.read_namespaced_pod_log(
-                o.name(pod), self.kube.namespace, container=o.WORKER_CONTAINER, previous=True
+                o.name(pod),
+                self.kube.namespace,
+                container=o.WORKER_CONTAINER,
+                previous=True,
+                _request_timeout=self.kube.timeout,
             )
         except Exception:  # noqa: BLE001 - not kept (yet): try again next time
             return
@@ -328,12 +332,24 @@ class Saver:
     def run(self) -> int:
         rel = self.kube.release(self.release)
         say(f"saving the logs of {self.release}'s workers to {self.dir} until the job completes")
+        try:
+            return self._loop(rel.statefulsets)
+        except CommandError as exc:
+            for f in self.followers.values():
+                f.stop()
+            raise CommandError(
+                f"{exc} (before the job was seen complete; {len(self.files)} logs of "
+                f"{len(self.pods_seen)} pods are in {self.dir})",
+                exc.code,
+            ) from None
+
+    def _loop(self, statefulsets: list[Obj]) -> int:
         while True:
-            self.sync(self.kube.pods(self.release, rel.statefulsets))
+            self.sync(self.kube.pods(self.release, statefulsets))
             if job_complete(self.kube, self.release):
                 time.sleep(POLL)
                 with contextlib.suppress(CommandError):
-                    self.sync(self.kube.pods(self.release, rel.statefulsets))
+                    self.sync(self.kube.pods(self.release, statefulsets))
                 for f in self.followers.values():
                     f.done.wait(3)
                     f.stop()
