@@ -103,7 +103,8 @@ def intervals(pods: list[Obj], events: list[Obj], now: datetime) -> list[Interva
     current = {o.name(p): p for p in pods}
     out: list[Interval] = []
     for pod_name in sorted(names):
-        marks = sorted(by_pod.get(pod_name, []))
+        # At equal times the end of one incarnation comes before the start of the next.
+        marks = sorted(by_pod.get(pod_name, []), key=lambda m: (m[0], m[1] == "start"))
         open_: tuple[datetime, str] | None = None
         for when, what, node in marks:
             if open_ is not None:
