@@ -247,6 +247,7 @@ class Runner:
             api.add_statefulset(meta.get("namespace", cfg.namespace), meta["name"], replicas, sts)
         api.on_scale = lambda ns, name, replicas: self.events.put(("scale", ns, name, replicas))
         api.log_source = self._log_source
+        api.on_evict = lambda ns, name: self.events.put(("evict", ns, name))
         self.event(f"fake API server {api.url} with {len(nodes)} nodes ({cfg.profile})")
         # For kubectl and elastic-job on this machine: KUBECONFIG=<out>/kubeconfig.
         kubeconfig = self.outdir / "kubeconfig"
@@ -356,10 +357,24 @@ class Runner:
             if item[0] == "line":
                 _, pod, container, line, t = item
                 self.state.line(pod, container, line, self._rel(t))
+            elif item[0] == "evict":
+                self._evict(item[2])
             elif item[0] == "scale":
                 _, _ns, name, replicas = item
                 self.event(f"API: scale statefulset {name} to {replicas}")
                 self.cluster.scale(name, int(replicas))
+
+    def _evict(self, name: str) -> None:
+        """An eviction through the API (kubectl drain): the pod is deleted, with the
+        DisruptionTarget condition the eviction API sets; its StatefulSet recreates it."""
+        assert self.cluster is not None
+        pod = self.cluster.pod(name)
+        if pod is None or pod.deleting:
+            return
+        self.event(f"API: evict pod {name}")
+        self.state.fault(self._rel(), f"evict {name}")
+        why = ("EvictionByEvictionAPI", "Eviction API: evicting")
+        self.cluster.delete(pod, time.monotonic(), why=why)
 
     def _partitioned(self, pod: str) -> bool:
         pn = self.network.pods.get(pod) if self.network is not None else None

@@ -97,7 +97,7 @@ _STS_LIST = re.compile(r"^/apis/apps/v1/namespaces/(?P<ns>[^/]+)/statefulsets$")
 _CORE_ALL = re.compile(r"^/api/v1/(?P<res>pods|events)$")
 _CORE_NS = re.compile(
     r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events)"
-    r"(?:/(?P<name>[^/:]+)(?::(?P<port>[^/]+))?(?:/(?P<sub>log|proxy)(?P<rest>/.*)?)?)?$"
+    r"(?:/(?P<name>[^/:]+)(?::(?P<port>[^/]+))?(?:/(?P<sub>log|proxy|eviction)(?P<rest>/.*)?)?)?$"
 )
 
 
@@ -257,6 +257,9 @@ class FakeApiServer:
         #: Called as on_scale(namespace, name, replicas) after a scale PATCH/PUT was applied
         #: (outside the server's lock; exceptions are logged, the client still gets 200).
         self.on_scale: ScaleCallback | None = None
+        #: Called as on_evict(namespace, pod) for an accepted POST of pods/NAME/eviction
+        #: (what `kubectl drain` sends); the cluster deletes the pod. None: 404.
+        self.on_evict: Callable[[str, str], None] | None = None
         #: Every request answered (or hung), in order.
         self.requests: list[RecordedRequest] = []
         self.namespace = namespace
@@ -592,6 +595,8 @@ class FakeApiServer:
         routes = self.routes
         not_found = self._fault_body(404, target, path)
         allowed = {"events": ("GET", "POST")}.get(target.resource, ("GET",))
+        if target.subresource == "eviction":
+            return self._evict(method, target, not_found)
         if method not in allowed or (method == "POST" and target.name):
             return Reply(405, status_object(405, f"{method} is not supported here"))
         if target.resource == "nodes":
@@ -626,6 +631,23 @@ class FakeApiServer:
                 not_found=not_found,
             )
         return routes.pod(target.namespace, target.name, not_found)
+
+    def _evict(self, method: str, target: _Target, not_found: JsonObject) -> Answer:
+        """POST pods/NAME/eviction: 201 and a Success Status, then on_evict (the cluster
+        marks the pod DisruptionTarget EvictionByEvictionAPI and deletes it)."""
+        if method != "POST":
+            return Reply(405, status_object(405, f"{method} is not supported here"))
+        if self.store.get("pods", target.namespace, target.name) is None or self.on_evict is None:
+            return Reply(404, not_found)
+        self.on_evict(target.namespace, target.name)
+        body = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "code": 201,
+        }
+        return Reply(201, body)
 
     def _answer(self, req: _Handler, answer: Answer) -> None:
         if isinstance(answer, Reply):

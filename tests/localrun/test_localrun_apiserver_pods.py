@@ -327,3 +327,15 @@ def test_lifecycle_pods_become_real_pod_objects(tmp_path: Path) -> None:
     assert conditions["Ready"]["status"] == "False" and obj["metadata"]["deletionTimestamp"]
     # the client reads it as a V1Pod
     assert client.ApiClient()._ApiClient__deserialize(obj, "V1Pod").metadata.name == "w-0"
+
+
+def test_an_eviction_reaches_the_cluster(api: FakeApiServer, core: client.CoreV1Api) -> None:
+    evicted: list[tuple[str, str]] = []
+    api.on_evict = lambda ns, name: evicted.append((ns, name))
+    api.publish_pods(NS, [pod("w-0")])
+    body = {"metadata": {"name": "w-0", "namespace": NS}}
+    core.create_namespaced_pod_eviction("w-0", NS, body)
+    assert evicted == [(NS, "w-0")]
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod_eviction("w-9", NS, {"metadata": {"name": "w-9"}})
+    assert err.value.status == 404 and evicted == [(NS, "w-0")]
