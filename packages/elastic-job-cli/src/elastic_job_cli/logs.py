@@ -179,6 +179,8 @@ def follow_rank0(kube: Kube, release: str, *, follow: bool, tail: int, out: Text
                 say(f"following rank 0: {r.pod}{world}")
             elif r.pod != current.pod:
                 say(f"re-form: rank 0 moved from {current.pod} to {r.pod}{world}")
+            elif r.uid != current.uid:
+                say(f"re-form: rank 0 moved to {r.pod}'s new pod (made again){world}")
             else:
                 say(f"re-form: rank 0 is {r.pod} again (container restart {r.restarts}){world}")
             if follower is not None:
