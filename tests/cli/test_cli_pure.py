@@ -276,3 +276,11 @@ def test_the_workers_own_metrics_parse() -> None:
     assert jobstate.pod_state(parsed) == "training"
     assert parsed["elastic_job_group_rank"] == 1 and parsed["elastic_job_world_size_nodes"] == 3
     assert parsed["elastic_job_reforms_total"] == 0
+
+
+def test_pods_that_trained_and_wait_again_are_a_reform_not_the_gate() -> None:
+    waiting = {f"run42-w-{i}": metrics("waiting_rendezvous", -1, 0) for i in (0, 1)}
+    assert derive([pod("run42-w-0"), pod("run42-w-1")], waiting).state == "re-forming"
+    for m in waiting.values():
+        m["elastic_job_rendezvous_round"] = 0
+    assert derive([pod("run42-w-0"), pod("run42-w-1")], waiting).state == "gating"

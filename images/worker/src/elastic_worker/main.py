@@ -121,8 +121,8 @@ def _record_end(recorder: events.Recorder, code: int, relay: _Relay) -> None:
     if relay.stop.is_set() and code != exits.OK:
         recorder.record(
             "LeftOnSignal",
-            f"SIGTERM forwarded to torchrun: training stopped at its checkpoint (exit {code}) "
-            "and this pod left the job; the others re-form without it",
+            f"SIGTERM forwarded to torchrun: training stopped (exit {code}; the script "
+            "checkpoints on SIGTERM) and this pod left the job; the others re-form without it",
         )
     elif code == exits.OK and supervisor is not None:
         recorder.record("JobCompleted", "training complete: this pod exits 0")

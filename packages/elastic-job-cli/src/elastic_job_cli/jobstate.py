@@ -1,8 +1,9 @@
 """The job at a glance, derived from its StatefulSets, pods, nodes, the workers' metrics
 (when on) and their Events: pure, so every rule is tested without a cluster.
 
-States: gating (pods wait in the readiness gate or the rendezvous), training (a round at
-world size >= min), below min (fewer than min nodes train, or can run), complete, failed.
+States: gating (pods wait in the readiness gate or the rendezvous), re-forming (pods that
+trained wait for the next round), training (a round at world size >= min), below min
+(fewer than min nodes train, or can run), complete, failed.
 Without metrics the state comes from the API alone: pods running and ready stand for
 nodes, and "training" reads "running".
 """
@@ -158,7 +159,10 @@ def derive(
     elif by_metrics and all(
         v.state in ("gating", "waiting_rendezvous", "spare", "") for v in views
     ):
-        state = "gating" if len([v for v in views if v.state]) >= lim.min_nodes else "below min"
+        enough = len([v for v in views if v.state]) >= lim.min_nodes
+        # Pods that trained before and wait for the rendezvous again: a re-form.
+        again = any((v.round or 0) >= 1 and v.state == "waiting_rendezvous" for v in views)
+        state = ("re-forming" if again else "gating") if enough else "below min"
     elif not by_metrics and world >= lim.min_nodes:
         state = "running"
     else:
