@@ -1,11 +1,12 @@
 """`elastic-job` against a real local job (issue 11): one `elastic-local run` with metrics
 and Events on, its API server reached from the host through the kubeconfig the run writes.
 
-While it trains the test evicts a pod (as `kubectl drain` does) until rank 0 moves, and
-checks: status during training and after the eviction, `logs --rank0 -f` saying that rank
-0 moved and following the new one to the end, `events` listing the eviction and the
-re-form in time order, `logs --save` keeping the evicted pod's log, and `cost` priced on
-the fixtures' node labels.
+While it trains the test evicts the pod of rank 0 (as `kubectl drain` does) and keeps it
+away until the others re-form, and later SIGKILLs another pod; it checks status during
+training and after the eviction, `logs --rank0 -f` saying that rank 0 moved and following
+the new one to the end, `events` listing the eviction, the kill and the re-forms in time
+order, `logs --save` keeping the evicted pod's log, and `cost` priced on the fixtures'
+node labels.
 """
 
 from __future__ import annotations
@@ -124,7 +125,9 @@ def test_the_command_on_a_real_job_across_evictions_that_move_rank_0(tmp_path: P
         [*runner_argv(RELEASE), "--set", train_command(STEPS, 5, 0.5),
          "--set", "monitoring.enabled=true", "--set", "events.enabled=true",
          "--output", str(out), "--json", str(tmp_path / "summary.json"), "--timeout", "400",
-         "--plain", "--backoff=2:20", "--linger", "15"],
+         "--plain", "--backoff=2:20", "--linger", "15",
+         # late in training, after the evictions: a SIGKILL (exit 137) for `events`
+         "--kill", f"{pod(2)}@step={STEPS - 25}:3"],
         cwd=ROOT, stdout=(tmp_path / "runner.txt").open("w"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     followers: list[subprocess.Popen[str]] = []
@@ -220,6 +223,8 @@ def assert_what_the_followers_kept(
     ]
     assert eviction and reforms and eviction[0] < reforms[-1], "\n".join(events)
     assert any("JobCompleted" in e for e in events), "\n".join(events)
+    killed = [e for e in events if f"pod/{pod(2)}" in e and "ContainerExited" in e]
+    assert killed and "exited 137: killed (SIGKILL)" in killed[0], "\n".join(events)
 
     # -- logs --save: the evicted pod's first container log is kept, beside its new one
     runs = sorted((save / evicted[0]).glob("worker-*.log"))
