@@ -339,3 +339,28 @@ def test_an_eviction_reaches_the_cluster(api: FakeApiServer, core: client.CoreV1
     with pytest.raises(ApiException) as err:
         core.create_namespaced_pod_eviction("w-9", NS, {"metadata": {"name": "w-9"}})
     assert err.value.status == 404 and evicted == [(NS, "w-0")]
+
+
+def test_the_clusters_events_for_a_pod_made_placed_deleted_and_made_again(tmp_path: Path) -> None:
+    from localrun.cluster.podobject import lifecycle_events  # noqa: PLC0415
+
+    h = Harness(tmp_path, statefulset(replicas=1, grace=5))
+    h.tick(0)
+    w0 = h.pod("w-0")
+    first = [pod_object(w0, "sts-uid")]
+    said = lifecycle_events({}, first)
+    assert [(e["involvedObject"]["kind"], e["reason"]) for e in said] == [
+        ("StatefulSet", "SuccessfulCreate"),
+        ("Pod", "Scheduled"),
+    ]
+    assert said[1]["message"] == f"Successfully assigned ns/w-0 to {w0.node}"
+    before = {"w-0": first[0]}
+    assert lifecycle_events(before, [pod_object(w0, "sts-uid")]) == []  # nothing new
+    h.cluster.delete(w0, 1)
+    deleting = [pod_object(w0, "sts-uid")]
+    assert [e["reason"] for e in lifecycle_events(before, deleting)] == ["Killing"]
+    h.tick(7)
+    h.tick(8)
+    again = [pod_object(h.pod("w-0"), "sts-uid")]
+    reasons = [e["reason"] for e in lifecycle_events({"w-0": deleting[0]}, again)]
+    assert reasons[0] == "SuccessfulCreate" and "Killing" not in reasons

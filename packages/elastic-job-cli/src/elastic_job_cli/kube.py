@@ -51,7 +51,9 @@ class Release:
 
     @property
     def names(self) -> set[str]:
-        """The StatefulSets' names and every pod name they make (for Events)."""
+        """The StatefulSets' names and every pod name they make (for Events): the ordinals
+        up to their replicas, and at least 16, so that the Events of pods a scale-down
+        removed still count."""
         out = {o.name(s) for s in self.statefulsets} | {o.name(p) for p in self.pods}
         for s in self.statefulsets:
             out |= {f"{o.name(s)}-{i}" for i in range(max(int(s["spec"].get("replicas") or 0), 16))}
