@@ -4,15 +4,19 @@ what it prints, and the one line and exit code of each error a user meets."""
 from __future__ import annotations
 
 import copy
+import io
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from elastic_job_cli import cli
+from elastic_job_cli.kube import connect
 
-from localrun.cluster import podlogs
+from localrun.cluster import apiroutes, podlogs
 from localrun.cluster.apiserver import FakeApiServer
 from localrun.cluster.nodes import load_nodes
 
@@ -191,3 +195,37 @@ def test_a_missing_kubeconfig_is_a_usage_error(
 ) -> None:
     code, _, err = run(str(tmp_path / "none"), "status", "run42", capsys=capsys)
     assert code == 2 and "no cluster access" in err and "--kubeconfig" in err
+
+
+def test_events_watch_goes_on_when_the_server_ends_a_watch(
+    api: FakeApiServer, kubeconfig: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(apiroutes, "WATCH_TIMEOUT", 1.0)  # the server ends each watch at 1 s
+    out = io.StringIO()
+    kube = connect(kubeconfig, None, NS)
+    threading.Thread(
+        target=cli.run_events,
+        args=(kube, "run42"),
+        kwargs={"watch": True, "as_json": True, "out": out},
+        daemon=True,
+    ).start()
+    time.sleep(2.5)  # past two server-side ends of the watches
+    api.add_event(
+        {
+            "metadata": {"namespace": NS},
+            "involvedObject": {"kind": "Pod", "name": "run42-elastic-job-default-0"},
+            "reason": "Reformed",
+            "message": "re-formed at world size 2 after 3.0 s",
+            "type": "Normal",
+            "lastTimestamp": "2026-11-23T10:06:00Z",
+        }
+    )
+    api.publish_pods(NS, [pod("run42-elastic-job-default-0", "local-spot-0")])  # -1 deleted
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and out.getvalue().count("\n") < 3:
+        time.sleep(0.2)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    reasons = [e["reason"] for e in lines]
+    assert reasons[0] == "TerminationByKubelet"  # the list, first
+    assert "Reformed" in reasons and "PodDeleted" in reasons, reasons
+    assert reasons.count("TerminationByKubelet") == 1  # not said again after a new list
