@@ -218,22 +218,16 @@ def _watch_into(
     params: dict[str, Any],
     changes: queue.Queue[tuple[str, Obj] | CommandError],
 ) -> None:
-    """List, then watch from the list's version; again when the server ends the watch
-    (its timeout), the objects of each new list passed on too (entries already said are
-    not said twice: timeline.entries_for_change)."""
+    """List, then watch from the list's version. The client's Watch starts a new watch
+    from the last version seen whenever the server ends one (its timeout): the
+    command watches until it is interrupted."""
     kwargs = params
-    first = True
     try:
-        while True:
-            listed = kube.json("list", resource, fn, *args, **kwargs)
-            if not first:
-                for item in listed["items"]:
-                    changes.put((resource, {"type": "MODIFIED", "object": item}))
-            first = False
-            version = listed["metadata"].get("resourceVersion", "")
-            for change in kube.stream(resource, fn, *args, resource_version=version, **kwargs):
-                raw = change.get("raw_object") or change["object"]
-                changes.put((resource, {"type": change["type"], "object": raw}))
+        listed = kube.json("list", resource, fn, *args, **kwargs)
+        version = listed["metadata"].get("resourceVersion", "")
+        for change in kube.stream(resource, fn, *args, resource_version=version, **kwargs):
+            raw = change.get("raw_object") or change["object"]
+            changes.put((resource, {"type": change["type"], "object": raw}))
     except CommandError as exc:
         changes.put(exc)
 
