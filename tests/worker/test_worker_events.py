@@ -139,3 +139,28 @@ def test_the_tracker_reports_a_spare_waiting_then_joining() -> None:
         "SpareJoined",
         "joined round 1 at world size 3 after waiting as a spare",
     )
+
+
+def test_the_worker_records_its_gate_timeout_on_its_pod(tmp_path: Path) -> None:
+    """The real entrypoint: an etcd that never answers, a 2 s gate, events on; the Event
+    reaches the API server before the worker exits 3."""
+    from test_worker_gate import run_worker  # noqa: PLC0415
+    from testlib import free_port  # noqa: PLC0415
+    from worker_helpers import worker_env  # noqa: PLC0415
+
+    with FakeApiServer({}, workdir=tmp_path, namespace="ml") as api:
+        env = worker_env(f"127.0.0.1:{free_port()}", "gate", ELASTIC_GATE_TIMEOUT="2")
+        env.update(
+            api.env(),
+            ELASTIC_SERVICEACCOUNT_DIR=str(api.serviceaccount_dir),
+            ELASTIC_EVENTS="true",
+            POD_NAMESPACE="ml",
+            POD_NAME="run42-worker-0",
+            POD_UID="uid-0",
+        )
+        code, lines, _ = run_worker(env)
+        assert code == 3, lines
+        (event,) = posted(api)
+    assert (event["reason"], event["type"]) == ("GateTimeout", "Warning")
+    assert event["message"].startswith("readiness gate timed out after 2 s waiting for: ")
+    assert event["involvedObject"]["uid"] == "uid-0"
