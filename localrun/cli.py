@@ -170,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("--live", dest="live", action="store_true", default=None, help="live view")
     view.add_argument("--plain", dest="live", action="store_false", help="plain lines")
     r.add_argument("--loopback", action="store_true", help="no namespaces even as root")
+    r.add_argument(
+        "--linger",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep the API server (<output>/kubeconfig) up this long after the end",
+    )
     r.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -213,6 +220,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         give_up_after=args.give_up_after,
         live=args.live,
         loopback=args.loopback,
+        linger=args.linger,
     )
 
 

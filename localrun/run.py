@@ -38,8 +38,9 @@ from localrun.cluster.apiserver import FakeApiServer
 from localrun.cluster.apiserver import Fault as ApiFault
 from localrun.cluster.cluster import Cluster
 from localrun.cluster.kubelet import KubeletConfig, PodEvents
-from localrun.cluster.nodes import load_nodes
+from localrun.cluster.nodes import internal_ip, load_nodes
 from localrun.cluster.pod import Phase, Pod
+from localrun.cluster.podobject import lifecycle_events, pod_object
 from localrun.cluster.podspec import Container
 from localrun.cluster.statefulset import StatefulSet
 from localrun.cluster.volumes import VolumeSources
@@ -80,6 +81,7 @@ class RunConfig:
     give_up_after: int = 5
     live: bool | None = None  # None: live view when stdout is a terminal
     loopback: bool = False  # force the no-root fallback
+    linger: float = 0.0  # seconds the API server stays up after the end
 
 
 class Interrupted(Exception):
@@ -111,6 +113,8 @@ class Runner:
         self.injector: Injector | None = None
         self.mountpoints = Mountpoints()
         self.client_tls: chart.ClientTls | None = None
+        self._incarnations: dict[str, int] = {}
+        self._published: dict[str, dict[str, Any]] = {}  # pods as last served, by name
         _remove_stale_workdirs()
         self.workdir = Path(tempfile.mkdtemp(prefix=f"elastic-local-e{os.getpid()}-"))
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -242,7 +246,14 @@ class Runner:
             replicas = int(sts["spec"].get("replicas", 1))
             api.add_statefulset(meta.get("namespace", cfg.namespace), meta["name"], replicas, sts)
         api.on_scale = lambda ns, name, replicas: self.events.put(("scale", ns, name, replicas))
+        api.log_source = self._log_source
+        api.on_evict = lambda ns, name: self.events.put(("evict", ns, name))
         self.event(f"fake API server {api.url} with {len(nodes)} nodes ({cfg.profile})")
+        # For kubectl and elastic-job on this machine: KUBECONFIG=<out>/kubeconfig.
+        kubeconfig = self.outdir / "kubeconfig"
+        kubeconfig.write_text(json.dumps(api.kubeconfig(cfg.namespace), indent=1))
+        kubeconfig.chmod(0o600)
+        self.event(f"kubeconfig for this run's API server: {kubeconfig}")
         return api
 
     def _cluster(
@@ -298,6 +309,7 @@ class Runner:
             for pod in self.injector.healed(now):
                 self.state.pod_started(pod, self._rel(now), "link up")
             self.cluster.reconcile(now)
+            self._publish_pods()
             self._poll_completion(now)
             self.state.observe(self.cluster.pods(), self._partitioned)
             self.progress.draw()
@@ -305,6 +317,31 @@ class Runner:
             if done is not None:
                 return done
             time.sleep(0.1)
+
+    def _publish_pods(self) -> None:
+        """The API server serves the pods as they are now (podobject.py)."""
+        assert self.cluster is not None and self.api is not None
+        owners = {n: s["metadata"]["uid"] for (_, n), s in self.api.statefulsets.items()}
+        nodes = self.cluster.nodes
+        pods = [
+            pod_object(p, owners.get(p.sts.name, ""), internal_ip(nodes.get(p.node, {})))
+            for p in self.cluster.pods()
+            if p.phase != Phase.GONE
+        ]
+        for event in lifecycle_events(self._published, pods):
+            self.api.add_event(event)
+        self._published = {p["metadata"]["name"]: p for p in pods}
+        self.api.publish_pods(self.cfg.namespace, pods)
+        # Read by the API server's threads: replaced whole, never changed in place.
+        self._incarnations = {p.name: p.incarnation for p in self.cluster.pods()}
+
+    def _log_source(self, namespace: str, pod: str, container: str) -> tuple[Path, int] | None:
+        """The log file of a pod's container and the pod's incarnation (the API server's
+        pods/log reads the current incarnation's runs from it)."""
+        incarnation = self._incarnations.get(pod)
+        if incarnation is None or namespace != self.cfg.namespace:
+            return None
+        return self.outdir / "logs" / pod / f"{container}.log", incarnation
 
     def _pending(self) -> Iterator[tuple[Any, ...]]:
         """The events queued so far, without waiting for more."""
@@ -320,10 +357,24 @@ class Runner:
             if item[0] == "line":
                 _, pod, container, line, t = item
                 self.state.line(pod, container, line, self._rel(t))
+            elif item[0] == "evict":
+                self._evict(item[2])
             elif item[0] == "scale":
                 _, _ns, name, replicas = item
                 self.event(f"API: scale statefulset {name} to {replicas}")
                 self.cluster.scale(name, int(replicas))
+
+    def _evict(self, name: str) -> None:
+        """An eviction through the API (kubectl drain): the pod is deleted, with the
+        DisruptionTarget condition the eviction API sets; its StatefulSet recreates it."""
+        assert self.cluster is not None
+        pod = self.cluster.pod(name)
+        if pod is None or pod.deleting:
+            return
+        self.event(f"API: evict pod {name}")
+        self.state.fault(self._rel(), f"evict {name}")
+        why = ("EvictionByEvictionAPI", "Eviction API: evicting")
+        self.cluster.delete(pod, time.monotonic(), why=why)
 
     def _partitioned(self, pod: str) -> bool:
         pn = self.network.pods.get(pod) if self.network is not None else None
@@ -431,6 +482,14 @@ class Runner:
             return False
         return True
 
+    def _linger(self) -> None:
+        """Keep serving the API (every pod gone) for `linger` seconds after the end, so
+        that a client watching the job (elastic-job logs --save) sees how it ended."""
+        if self.cfg.linger > 0 and self.api is not None:
+            self._publish_pods()
+            self.event(f"the API server stays up {self.cfg.linger:g}s (--linger)")
+            time.sleep(self.cfg.linger)
+
     def _cleanup(self) -> None:
         if self.cluster is not None:
             with contextlib.suppress(Exception):
@@ -443,6 +502,7 @@ class Runner:
             try:
                 for name, rc in self.cluster.stop(grace=3.0).items():
                     self.state.exited(name, rc)
+                self._linger()
             except Exception:  # cleanup goes on whatever failed
                 log.exception("stopping pods failed")
         for item in self._pending():

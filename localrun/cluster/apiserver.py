@@ -4,12 +4,18 @@ It serves the few endpoints this project's containers call, with the objects, he
 error bodies a real kube-apiserver returns, so the official `kubernetes` client runs
 unchanged against it (in-cluster config, bearer token, CA verification):
 
-    GET   /api/v1/nodes                                            NodeList
+    GET   /api/v1/nodes[?watch=true]                               NodeList
     GET   /api/v1/nodes/{name}                                     Node
     GET   /apis/apps/v1/namespaces/{ns}/statefulsets/{name}        StatefulSet
     GET   /apis/apps/v1/namespaces/{ns}/statefulsets/{name}/scale  autoscaling/v1 Scale
     PATCH /apis/apps/v1/namespaces/{ns}/statefulsets/{name}/scale  merge, strategic or JSON patch
     PUT   /apis/apps/v1/namespaces/{ns}/statefulsets/{name}/scale  replace
+    GET   /apis/apps/v1/namespaces/{ns}/statefulsets[?watch=true]  StatefulSetList
+    pods (list, watch, get), pods/log (follow, previous), pods/proxy, events (list, watch,
+    create): apiroutes.py, over the objects of apistore.py
+
+Pods are what the cluster publishes (`publish_pods`, podobject.py); their logs come from
+`log_source` (podlogs.py).
 
 Every request must carry `Authorization: Bearer <token>` with the token written to the
 service-account dir, else 401 as the real server answers. Faults make any path answer
@@ -51,12 +57,16 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
+
+from localrun.cluster.apiroutes import Answer, CoreRoutes, LogSource, Raw, Reply
+from localrun.cluster.apistore import Store
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +93,12 @@ _NODE_PATH = re.compile(r"^/api/v1/nodes(?:/(?P<name>[^/]+))?$")
 _STS_PATH = re.compile(
     r"^/apis/apps/v1/namespaces/(?P<ns>[^/]+)/statefulsets/(?P<name>[^/]+)(?P<scale>/scale)?$"
 )
+_STS_LIST = re.compile(r"^/apis/apps/v1/namespaces/(?P<ns>[^/]+)/statefulsets$")
+_CORE_ALL = re.compile(r"^/api/v1/(?P<res>pods|events)$")
+_CORE_NS = re.compile(
+    r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events)"
+    r"(?:/(?P<name>[^/:]+)(?::(?P<port>[^/]+))?(?:/(?P<sub>log|proxy|eviction)(?P<rest>/.*)?)?)?$"
+)
 
 
 def status_object(code: int, message: str, details: JsonObject | None = None) -> JsonObject:
@@ -105,12 +121,14 @@ def status_object(code: int, message: str, details: JsonObject | None = None) ->
 class _Target:
     """What a request path names, for error messages in the real server's words."""
 
-    verb: str  # get, list, patch, update
+    verb: str  # get, list, watch, create, patch, update
     group: str  # "" for the core group
-    resource: str  # nodes, statefulsets
-    subresource: str  # "" or "scale"
+    resource: str  # nodes, statefulsets, pods, events
+    subresource: str  # "", "scale", "log" or "proxy"
     namespace: str  # "" when cluster-scoped
     name: str
+    port: str = ""  # pods/NAME:PORT/proxy
+    rest: str = ""  # the path after .../proxy
 
     @property
     def qualified(self) -> str:
@@ -125,14 +143,30 @@ class _Target:
         return details
 
 
-def _target(method: str, path: str) -> _Target | None:
-    verb = {"GET": "get", "PATCH": "patch", "PUT": "update"}.get(method, method.lower())
+def _target(method: str, path: str, watch: bool = False) -> _Target | None:
+    verb = {"GET": "get", "PATCH": "patch", "PUT": "update", "POST": "create"}.get(
+        method, method.lower()
+    )
+    collection = "watch" if watch else "list"
     if m := _NODE_PATH.match(path):
         name = m["name"] or ""
-        return _Target(verb if name else "list", "", "nodes", "", "", name)
+        return _Target(verb if name else collection, "", "nodes", "", "", name)
     if m := _STS_PATH.match(path):
         scale = "scale" if m["scale"] else ""
         return _Target(verb, "apps", "statefulsets", scale, m["ns"], m["name"])
+    if m := _STS_LIST.match(path):
+        return _Target(
+            collection if method == "GET" else verb, "apps", "statefulsets", "", m["ns"], ""
+        )
+    if m := _CORE_ALL.match(path):
+        return _Target(collection if method == "GET" else verb, "", m["res"], "", "", "")
+    if m := _CORE_NS.match(path):
+        name = m["name"] or ""
+        if not name and method == "GET":
+            verb = collection
+        return _Target(
+            verb, "", m["res"], m["sub"] or "", m["ns"], name, m["port"] or "", m["rest"] or ""
+        )
     return None
 
 
@@ -223,6 +257,9 @@ class FakeApiServer:
         #: Called as on_scale(namespace, name, replicas) after a scale PATCH/PUT was applied
         #: (outside the server's lock; exceptions are logged, the client still gets 200).
         self.on_scale: ScaleCallback | None = None
+        #: Called as on_evict(namespace, pod) for an accepted POST of pods/NAME/eviction
+        #: (what `kubectl drain` sends); the cluster deletes the pod. None: 404.
+        self.on_evict: Callable[[str, str], None] | None = None
         #: Every request answered (or hung), in order.
         self.requests: list[RecordedRequest] = []
         self.namespace = namespace
@@ -240,7 +277,8 @@ class FakeApiServer:
         self._stopping = threading.Event()
         self._server: _HttpsServer | None = None
         self._thread: threading.Thread | None = None
-        self._resource_version = 1000
+        self.store = Store()
+        self.routes = CoreRoutes(self.store, status_object, self._stopping)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -311,6 +349,33 @@ class FakeApiServer:
     @property
     def user(self) -> str:
         return f"system:serviceaccount:{self.namespace}:{self.serviceaccount}"
+
+    def kubeconfig(self, namespace: str | None = None, name: str = "elastic-local") -> JsonObject:
+        """A kubeconfig for this server (its CA inline, the service-account token), for
+        kubectl and the `kubernetes` client on the host."""
+        import base64  # noqa: PLC0415 - only here
+
+        ca = base64.b64encode(self.ca_path.read_bytes()).decode()
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": name, "cluster": {"server": self.url, "certificate-authority-data": ca}}
+            ],
+            "users": [{"name": name, "user": {"token": self.token}}],
+            "contexts": [
+                {
+                    "name": name,
+                    "context": {
+                        "cluster": name,
+                        "user": name,
+                        "namespace": namespace or self.namespace,
+                    },
+                }
+            ],
+            "current-context": name,
+            "preferences": {},
+        }
 
     def env(self) -> dict[str, str]:
         """The variables the kubelet sets for the `kubernetes` Service in every container."""
@@ -387,6 +452,7 @@ class FakeApiServer:
                 "updatedReplicas": replicas,
             }
             self.statefulsets[(namespace, name)] = sts
+            self.store.note("statefulsets", "ADDED", sts)
         return sts
 
     def replicas(self, namespace: str, name: str) -> int:
@@ -396,7 +462,10 @@ class FakeApiServer:
     # -- request handling ------------------------------------------------------------------
 
     def handle(self, req: _Handler) -> None:
-        path = req.path.split("?", 1)[0]
+        path, _, query_text = req.path.partition("?")
+        path = urllib.parse.unquote(path)  # clients escape the ":" of pods/NAME:PORT/proxy
+        query = urllib.parse.parse_qs(query_text)
+        watch = (query.get("watch") or ["false"])[-1].lower() in {"true", "1"}
         method = req.command
         auth = req.headers.get("Authorization")
         ctype = req.headers.get("Content-Type")
@@ -423,10 +492,19 @@ class FakeApiServer:
             self._stopping.wait(self.hang_seconds)
             req.close_connection = True
             return
-        target = _target(method, path)
+        target = _target(method, path, watch)
         if fault is not None:
             record(fault)
             self._send(req, fault, self._fault_body(fault, target, path), retry_after=fault == 429)
+            return
+        if target is not None and (
+            target.resource in ("pods", "events")
+            or target.verb == "watch"
+            or (target.resource == "statefulsets" and not target.name)
+        ):
+            answer = self._route_core(method, path, target, query, body)
+            record(answer.code)
+            self._answer(req, answer)
             return
         code, payload, scaled = self._route(method, path, target, ctype, body)
         record(code)
@@ -510,6 +588,139 @@ class FakeApiServer:
                 return self._route_nodes(method, path, target)
             return self._route_statefulset(method, path, target, ctype, body)
 
+    def _route_core(
+        self, method: str, path: str, target: _Target, query: dict[str, list[str]], body: Any
+    ) -> Answer:
+        """Pods, logs, proxy, events, StatefulSet lists and every watch (apiroutes.py)."""
+        routes = self.routes
+        not_found = self._fault_body(404, target, path)
+        allowed = {"events": ("GET", "POST")}.get(target.resource, ("GET",))
+        if target.subresource == "eviction":
+            return self._evict(method, target, not_found)
+        if method not in allowed or (method == "POST" and target.name):
+            return Reply(405, status_object(405, f"{method} is not supported here"))
+        if target.resource == "nodes":
+            with self._lock:
+                kept = [copy.deepcopy(n) for n in self.nodes.values()]
+            return routes.list_or_watch("nodes", "", query, kept)
+        if target.resource == "statefulsets":
+            with self._lock:
+                kept = [
+                    copy.deepcopy(o)
+                    for (ns, _), o in sorted(self.statefulsets.items())
+                    if ns == target.namespace
+                ]
+            return routes.list_or_watch("statefulsets", target.namespace, query, kept)
+        if method == "POST":
+            return routes.create_event(target.namespace, body)
+        if not target.name:
+            return routes.list_or_watch(target.resource, target.namespace, query)
+        if target.resource == "events":
+            obj = self.store.get("events", target.namespace, target.name)
+            return Reply(200, obj) if obj is not None else Reply(404, not_found)
+        if target.subresource == "log":
+            return routes.log(target.namespace, target.name, query, not_found)
+        if target.subresource == "proxy":
+            rest_query = {k: v for k, v in query.items()}
+            return routes.proxy(
+                target.namespace,
+                target.name,
+                port=target.port,
+                rest=target.rest,
+                query=rest_query,
+                not_found=not_found,
+            )
+        return routes.pod(target.namespace, target.name, not_found)
+
+    def _evict(self, method: str, target: _Target, not_found: JsonObject) -> Answer:
+        """POST pods/NAME/eviction: 201 and a Success Status, then on_evict (the cluster
+        marks the pod DisruptionTarget EvictionByEvictionAPI and deletes it)."""
+        if method != "POST":
+            return Reply(405, status_object(405, f"{method} is not supported here"))
+        if self.store.get("pods", target.namespace, target.name) is None or self.on_evict is None:
+            return Reply(404, not_found)
+        self.on_evict(target.namespace, target.name)
+        body = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "code": 201,
+        }
+        return Reply(201, body)
+
+    def _answer(self, req: _Handler, answer: Answer) -> None:
+        if isinstance(answer, Reply):
+            self._send(req, answer.code, answer.payload)
+            return
+        req.send_response(answer.code)
+        req.send_header("Audit-Id", str(uuid.uuid4()))
+        req.send_header("Cache-Control", "no-cache, private")
+        req.send_header("Content-Type", answer.content_type)
+        if isinstance(answer, Raw):
+            req.send_header("Content-Length", str(len(answer.data)))
+            req.end_headers()
+            req.wfile.write(answer.data)
+            return
+        # A stream (watch, log follow): chunked, flushed per chunk, ended by a last chunk.
+        req.send_header("Transfer-Encoding", "chunked")
+        req.end_headers()
+        try:
+            for chunk in answer.chunks:
+                if chunk:
+                    req.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    req.wfile.flush()
+            req.wfile.write(b"0\r\n\r\n")
+            req.wfile.flush()
+        except (OSError, ssl.SSLError):
+            req.close_connection = True  # the client went away
+
+    # -- what the cluster publishes ----------------------------------------------------------
+
+    @property
+    def log_source(self) -> LogSource | None:
+        return self.routes.log_source
+
+    @log_source.setter
+    def log_source(self, source: LogSource | None) -> None:
+        self.routes.log_source = source
+
+    def publish_pods(self, namespace: str, pods: list[JsonObject]) -> None:
+        """The pods of `namespace` as they are now: new ones ADDED, changed ones MODIFIED
+        (a new resourceVersion), those not given any more DELETED."""
+        present = set()
+        for pod in pods:
+            present.add(pod["metadata"]["name"])
+            self.store.put("pods", pod)
+        for ns, name in self.store.names("pods"):
+            if ns == namespace and name not in present:
+                self.store.delete("pods", ns, name)
+
+    def add_event(self, event: JsonObject) -> JsonObject:
+        """Record a core/v1 Event as a cluster component would (the kubelet, the scheduler)."""
+        return self.routes.add_event(event)
+
+    def events(self, namespace: str = "") -> list[JsonObject]:
+        return self.store.list_objects("events", namespace)[0]
+
+    def set_node(self, node: JsonObject) -> None:
+        """Add or replace a Node (e.g. its Ready condition False): watches see it."""
+        with self._lock:
+            name = node["metadata"]["name"]
+            kind = "MODIFIED" if name in self.nodes else "ADDED"
+            node = copy.deepcopy(node)
+            node["metadata"]["resourceVersion"] = self._next_version()
+            self.nodes[name] = node
+            self.store.note("nodes", kind, node)
+
+    def remove_node(self, name: str) -> None:
+        """A node leaves the cluster (scaled down, reclaimed): watches see it DELETED."""
+        with self._lock:
+            node = self.nodes.pop(name, None)
+            if node is not None:
+                node["metadata"]["resourceVersion"] = self._next_version()
+                self.store.note("nodes", "DELETED", node)
+
     def _route_nodes(
         self, method: str, path: str, target: _Target
     ) -> tuple[int, JsonObject, tuple[str, str, int] | None]:
@@ -517,7 +728,7 @@ class FakeApiServer:
             return 405, status_object(405, f"{method} is not supported here"), None
         if not target.name:
             items = [copy.deepcopy(n) for n in self.nodes.values()]
-            meta = {"resourceVersion": str(self._resource_version)}
+            meta = {"resourceVersion": str(self.store.version)}
             return (
                 200,
                 {"kind": "NodeList", "apiVersion": "v1", "metadata": meta, "items": items},
@@ -552,6 +763,7 @@ class FakeApiServer:
             sts["metadata"]["generation"] = int(sts["metadata"].get("generation", 1)) + 1
             sts["metadata"]["resourceVersion"] = self._next_version()
             sts["status"]["replicas"] = replicas
+            self.store.note("statefulsets", "MODIFIED", sts)
         return 200, self._scale(sts), (target.namespace, target.name, replicas)
 
     def _scale(self, sts: JsonObject) -> JsonObject:
@@ -575,8 +787,7 @@ class FakeApiServer:
         }
 
     def _next_version(self) -> str:
-        self._resource_version += 1
-        return str(self._resource_version)
+        return self.store.next_version()
 
     def _send(
         self, req: _Handler, code: int, payload: JsonObject, *, retry_after: bool = False

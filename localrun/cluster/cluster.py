@@ -11,12 +11,13 @@ how it runs from the injected container runtime.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from localrun.cluster.dns import PodRecord, ServiceRecord, dns_table
 from localrun.cluster.kubelet import Kubelet, KubeletConfig, PodEvents
-from localrun.cluster.pod import Phase, Pod
+from localrun.cluster.pod import NODE_SHUTDOWN, Disruption, Phase, Pod
 from localrun.cluster.runtime import ContainerRuntime
 from localrun.cluster.scheduler import choose_node
 from localrun.cluster.statefulset import StatefulSet, StatefulSetController
@@ -72,8 +73,14 @@ class Cluster:
     def scale(self, name: str, replicas: int) -> None:
         self.statefulsets.scale(name, replicas)
 
-    def delete(self, pod: Pod, now: float, down: float = 0.0) -> None:
-        """`kubectl delete pod`; the StatefulSet recreates it, not before `down` seconds."""
+    def delete(
+        self, pod: Pod, now: float, down: float = 0.0, why: tuple[str, str] = NODE_SHUTDOWN
+    ) -> None:
+        """A pod deleted from outside (the local run's faults: a reclaimed node); the
+        StatefulSet recreates it, not before `down` seconds. `why` is its DisruptionTarget
+        condition (reason, message)."""
+        if not pod.deleting:
+            pod.disruption = Disruption(why[0], why[1], time.time())
         if down and not pod.deleting:
             self.statefulsets.recreate_after(pod, now + down)
         self.kubelet.delete(pod, now)

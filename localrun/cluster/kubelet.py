@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from localrun.cluster import podspec, volumes
+from localrun.cluster import podlogs, podspec, volumes
 from localrun.cluster.nodes import allocatable, internal_ip
-from localrun.cluster.pod import Backoff, Phase, Pod
+from localrun.cluster.pod import Backoff, Phase, Pod, Termination
 from localrun.cluster.podspec import Container, PodIdentity
 from localrun.cluster.runtime import ContainerRuntime, ContainerSpec, LineSink
 
@@ -66,6 +66,7 @@ class Kubelet:
         if pod.deleting:
             return
         pod.deleting = True
+        pod.deleted_at = time.time()
         pod.kill_at = now + pod.sts.grace
         if pod.proc is not None:
             pod.enter(Phase.TERMINATING)
@@ -82,6 +83,7 @@ class Kubelet:
     def placed(self, pod: Pod, node: str) -> None:
         """The scheduler bound the pod to `node`: make its sandbox and directory."""
         pod.node = node
+        pod.scheduled_at = time.time()
         pod.ip = self.runtime.run_sandbox(pod.name, pod.incarnation)
         pod.dir = self.cfg.workdir / "pods" / f"{pod.name}-{pod.incarnation}"
         pod.dir.mkdir(parents=True, exist_ok=True)
@@ -129,6 +131,7 @@ class Kubelet:
             self.events.event(f"{pod.name}: init container {c.name} exited {rc}")
         else:
             pod.last_exit = rc
+            pod.last_run = Termination(rc, pod.started_at or time.time(), time.time())
             if rc == 0:
                 pod.zero_exit_at = now
                 pod.failures_in_row = 0
@@ -210,11 +213,11 @@ class Kubelet:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(spec.log_path, "a") as fh:
             fh.write(
-                f"==== elastic-local: {c.name} start (pod incarnation {pod.incarnation}, "
-                f"restarts {pod.restarts}) at {time.strftime('%H:%M:%S')} ====\n"
+                podlogs.start_line(c.name, pod.incarnation, pod.restarts, time.strftime("%H:%M:%S"))
             )
         pod.proc = self.runtime.start(spec, self.events.line)
         pod.enter(Phase.INIT if pod.in_init else Phase.RUNNING)
+        pod.started_at = time.time()
         pod.message = ""
         if not pod.in_init:
             pod.main_started = True

@@ -3,6 +3,7 @@ which (kwok describes pod lifecycles the same way), and the restart back-off."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
@@ -60,6 +61,30 @@ class Backoff:
         return delay
 
 
+@dataclass(frozen=True)
+class Termination:
+    exit_code: int
+    started_at: float
+    finished_at: float
+
+
+@dataclass(frozen=True)
+class Disruption:
+    """Why the pod is going (the DisruptionTarget condition's reason and message)."""
+
+    reason: str
+    message: str
+    at: float
+
+
+#: How the local run's pod deletions look: a spot or preemptible node reclaimed, the
+#: kubelet's graceful node shutdown terminating its pods (Kubernetes 1.26+ sets this).
+NODE_SHUTDOWN = (
+    "TerminationByKubelet",
+    "Pod was terminated in response to imminent node shutdown.",
+)
+
+
 @dataclass
 class Pod:
     name: str
@@ -84,6 +109,14 @@ class Pod:
     down_until: float = 0.0
     message: str = ""
     env: dict[str, str] = field(default_factory=dict)  # the main container's, once started
+    # Wall-clock times (time.time()) and the last run of the main container, for the pod
+    # object the API server serves (podobject.py).
+    created_at: float = field(default_factory=time.time)
+    scheduled_at: float | None = None
+    started_at: float | None = None  # the current container's start
+    deleted_at: float | None = None
+    last_run: Termination | None = None  # the main container's last run that ended
+    disruption: Disruption | None = None  # the DisruptionTarget condition, once set
 
     def enter(self, phase: Phase) -> None:
         if phase is not self.phase and phase not in TRANSITIONS[self.phase]:

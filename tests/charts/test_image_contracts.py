@@ -29,6 +29,7 @@ JOB_CASES = [c for c in cases() if c.chart == ELASTIC_JOB]
 FIELDS = {
     "metadata.name": "run42-elastic-job-default-0",
     "metadata.namespace": NAMESPACE,
+    "metadata.uid": "3b0c0a4e-0000-4000-8000-000000000001",
     "status.podIP": "10.1.2.3",
     "spec.nodeName": "node-a",
     "status.hostIP": "192.0.2.10",

@@ -24,6 +24,13 @@ def test_elastic_job_notes_name_the_objects_and_commands() -> None:
     assert f"helm -n {NAMESPACE} uninstall {RELEASE}" in notes
     assert "PodGroup" in notes
     assert f"helm -n {NAMESPACE} test {RELEASE}" in notes
+    assert f"elastic-job -n {NAMESPACE} status {RELEASE}" in notes
+
+
+def test_elastic_job_notes_show_the_workers_events_when_they_record_them() -> None:
+    """events.enabled: how to list the Events the workers record; off: no such line."""
+    assert "get events" in _notes(ELASTIC_JOB, "events.enabled=true")
+    assert "get events" not in _notes(ELASTIC_JOB)
 
 
 def test_etcd_rendezvous_notes_name_the_endpoint_and_policy() -> None:

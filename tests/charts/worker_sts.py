@@ -22,6 +22,7 @@ CONTRACT_ENV = [
     "POD_NAME",
     "POD_NAMESPACE",
     "POD_IP",
+    "POD_UID",
     "NODE_NAME",
 ]
 INIT_ENV = [

@@ -114,6 +114,17 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/*
+"true" when the workers record Events: events.enabled, a ServiceAccount the Role is bound
+to, and its token mounted; else "".
+*/}}
+{{- define "elastic-job.events" -}}
+{{- $v := .Values -}}
+{{- if and $v.events.enabled (or $v.serviceAccount.create $v.serviceAccount.name) $v.worker.automountServiceAccountToken -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* The LocalQueue the worker StatefulSets go to: gang.kueue.queueName, else the one the
 chart creates (gang.kueue.localQueue.create), named like the release. */}}
 {{- define "elastic-job.kueueQueueName" -}}

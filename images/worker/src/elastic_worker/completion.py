@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import ssl
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-from elastic_worker import etcdv2
+from elastic_worker import etcdv2, kubeapi
 from elastic_worker.config import Config, KubeApi
 
 logger = logging.getLogger(__name__)
@@ -35,8 +33,9 @@ def complete_now(client: etcdv2.Client, config: Config) -> bool:
         return rendezvous_scaled_to_zero(config)
 
 
-def mark_complete(client: etcdv2.Client, config: Config) -> None:
-    """Set the marker once; a marker another pod set first is left as it is."""
+def mark_complete(client: etcdv2.Client, config: Config) -> bool:
+    """Set the marker once; a marker another pod set first is left as it is. True when
+    this pod set it."""
     value = json.dumps(
         {"pod": config.pod_name, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     )
@@ -45,6 +44,8 @@ def mark_complete(client: etcdv2.Client, config: Config) -> None:
         logger.info("training succeeded: marked %s", complete_key(config))
     except etcdv2.NodeExists:
         logger.info("training succeeded; %s was already set", complete_key(config))
+        return False
+    return True
 
 
 def wait_complete(
@@ -71,19 +72,20 @@ def wait_complete(
 
 
 def _scale_request(
-    api: KubeApi, namespace: str, name: str, body: bytes | None, timeout: float
+    api: KubeApi, namespace: str, name: str, body: dict[str, object] | None, timeout: float
 ) -> dict[str, object]:
     """GET (body None) or merge-PATCH a StatefulSet's scale subresource; the answer's JSON."""
-    context = ssl.create_default_context(cafile=api.ca_file) if api.ca_file else None
-    url = f"{api.base_url}/apis/apps/v1/namespaces/{namespace}/statefulsets/{name}/scale"
-    req = urllib.request.Request(url, data=body, method="GET" if body is None else "PATCH")
-    req.add_header("Authorization", f"Bearer {api.token}")
-    req.add_header("Accept", "application/json")
-    if body is not None:
-        req.add_header("Content-Type", "application/merge-patch+json")
-    with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
-        answer = json.loads(resp.read() or b"{}")
-    return answer if isinstance(answer, dict) else {}
+    path = f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{name}/scale"
+    if body is None:
+        return kubeapi.request(api, "GET", path, timeout=timeout)
+    return kubeapi.request(
+        api,
+        "PATCH",
+        path,
+        body,
+        content_type="application/merge-patch+json",
+        timeout=timeout,
+    )
 
 
 def set_replicas(
@@ -93,8 +95,7 @@ def set_replicas(
 
     Raises urllib.error.HTTPError for a refusal, URLError/OSError/ValueError otherwise
     (localrun's runner scales through this too)."""
-    body = json.dumps({"spec": {"replicas": replicas}}).encode()
-    return _scale_request(api, namespace, name, body, timeout)
+    return _scale_request(api, namespace, name, {"spec": {"replicas": replicas}}, timeout)
 
 
 def scale_to_zero(api: KubeApi, namespace: str, names: tuple[str, ...], timeout: float = 10) -> int:

@@ -141,7 +141,10 @@ class Config:
     group: str
     metrics: bool
     metrics_port: int
+    events: bool
     pod_namespace: str
+    pod_uid: str
+    node_name: str
     pod_ip: str
     local_addr: str
     nccl_socket_ifname: str
@@ -382,7 +385,10 @@ def load(
         group=text(env, "ELASTIC_GROUP"),
         metrics=_bool(env, "ELASTIC_METRICS"),
         metrics_port=_port(env, "ELASTIC_METRICS_PORT"),
+        events=_bool(env, "ELASTIC_EVENTS"),
         pod_namespace=text(env, "POD_NAMESPACE"),
+        pod_uid=text(env, "POD_UID"),
+        node_name=text(env, "NODE_NAME"),
         pod_ip=text(env, "POD_IP"),
         local_addr=text(env, "ELASTIC_LOCAL_ADDR"),
         nccl_socket_ifname=text(env, "NCCL_SOCKET_IFNAME"),

@@ -204,6 +204,7 @@ class Supervisor:
         self.completion_wait = completion_wait
         self.proc: subprocess.Popen[bytes] | None = None
         self.signalled: int | None = None
+        self.marked = False  # this pod set the completion marker
         self._lock = threading.Lock()
 
     def forward(self, signum: int) -> None:
@@ -297,7 +298,7 @@ class Supervisor:
         deadline = time.monotonic() + 30
         while True:
             try:
-                completion.mark_complete(self.client, self.config)
+                self.marked = completion.mark_complete(self.client, self.config)
                 break
             except etcdv2.EtcdError as exc:
                 # Another pod may have finished first and scaled etcd to 0 already.

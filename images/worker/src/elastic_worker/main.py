@@ -26,6 +26,7 @@ from elastic_worker import (
     config,
     epoch,
     etcdv2,
+    events,
     exits,
     gate,
     launch,
@@ -84,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in launch.FORWARDED_SIGNALS:
         signal.signal(sig, relay)
     tracker: metrics.Tracker | None = None
+    recorder = events.Recorder.disabled()
+    ready: _Ready | None = None
     try:
         cfg, client = _load(list(sys.argv[1:] if argv is None else argv))
     except _Exit as leave:
@@ -91,44 +94,81 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if warning := memlock.check():
             logger.warning("%s", warning)
-        tracker = _metrics(cfg)
+        recorder = events.recorder(cfg)
+        tracker = _metrics(cfg, recorder)
         if tracker is not None:
             tracker.gate_begin()
-        ready = _gate(cfg, client, relay.stop)
+        ready = _gate(cfg, client, relay.stop, recorder)
         if tracker is not None:
             tracker.gate_end()
-        code = exits.OK if ready is None else _train(cfg, client, ready, relay, tracker)
+        code = (
+            exits.OK
+            if ready is None
+            else _train(cfg, client, ready, relay, tracker, recorder=recorder)
+        )
     except _Exit as leave:
         code = leave.code
-    if code != exits.OK and relay.stop.is_set() and completion.complete_now(client, cfg):
-        # The first pod to finish scales the job to 0: whatever this pod was doing when
-        # its SIGTERM came (gating, between torchrun runs, waiting as a spare), it is done.
-        logger.info("stopping: job %s is complete, so exit 0 (not %d)", cfg.job_id, code)
-        code = exits.OK
-    if tracker is not None:
-        tracker.finished(completed=code == exits.OK)
-    return code
+    try:
+        if code != exits.OK and relay.stop.is_set() and completion.complete_now(client, cfg):
+            # The first pod to finish scales the job to 0: whatever this pod was doing when
+            # its SIGTERM came (gating, between torchrun runs, waiting as a spare), it is done.
+            logger.info("stopping: job %s is complete, so exit 0 (not %d)", cfg.job_id, code)
+            code = exits.OK
+        if tracker is not None:
+            tracker.finished(completed=code == exits.OK)
+        if ready is not None:
+            _record_end(recorder, code, relay)
+        return code
+    finally:
+        recorder.close()
 
 
-def _metrics(cfg: config.Config) -> metrics.Tracker | None:
-    """Serve the pod's metrics when ELASTIC_METRICS is on. A port that cannot be bound
+def _record_end(recorder: events.Recorder, code: int, relay: _Relay) -> None:
+    """The pod's last Event: it left on SIGTERM, or training succeeded (on the StatefulSet
+    too when this pod set the completion marker: once per job)."""
+    supervisor = relay.supervisor
+    if relay.stop.is_set() and code != exits.OK:
+        recorder.record(
+            "LeftOnSignal",
+            f"SIGTERM forwarded to torchrun: training stopped (exit {code}; the script "
+            "checkpoints on SIGTERM) and this pod left the job; the others re-form without it",
+        )
+    elif code == exits.OK and supervisor is not None:
+        recorder.record("JobCompleted", "training complete: this pod exits 0")
+        if supervisor.marked:
+            recorder.record(
+                "JobCompleted",
+                f"training complete (marked by {supervisor.config.pod_name})",
+                job=True,
+            )
+
+
+def _metrics(cfg: config.Config, recorder: events.Recorder) -> metrics.Tracker | None:
+    """The pod's state machine, when ELASTIC_METRICS (served) or Events (not served: the
+    tracker only tells the recorder of re-forms) are on. A port that cannot be bound
     costs the metrics, never the training: one warning line."""
-    if not cfg.metrics:
+    if not (cfg.metrics or recorder.enabled):
         return None
     from elastic_worker import metrics  # noqa: PLC0415 - only when metrics are on
 
     job_metrics = metrics.JobMetrics(metrics.Identity(cfg.job_id, cfg.group, cfg.pod_name))
-    try:
-        metrics.serve(job_metrics, cfg.metrics_port)
-    except OSError as exc:
-        logger.warning(
-            "metrics off: cannot serve ELASTIC_METRICS_PORT=%d (chart: monitoring.port): %s",
-            cfg.metrics_port,
-            exc.strerror or exc,
-        )
-        return None
-    logger.info("metrics on port %d (/metrics)", cfg.metrics_port)
-    return metrics.Tracker(job_metrics, cfg.min_nodes, cfg.max_nodes, cfg.max_restarts)
+    notify = recorder.record if recorder.enabled else None
+    if cfg.metrics:
+        try:
+            metrics.serve(job_metrics, cfg.metrics_port)
+        except OSError as exc:
+            logger.warning(
+                "metrics off: cannot serve ELASTIC_METRICS_PORT=%d (chart: monitoring.port): %s",
+                cfg.metrics_port,
+                exc.strerror or exc,
+            )
+            if notify is None:
+                return None
+        else:
+            logger.info("metrics on port %d (/metrics)", cfg.metrics_port)
+    return metrics.Tracker(
+        job_metrics, cfg.min_nodes, cfg.max_nodes, cfg.max_restarts, notify=notify
+    )
 
 
 def _load(args: list[str]) -> tuple[config.Config, etcdv2.Client]:
@@ -150,7 +190,12 @@ def _load(args: list[str]) -> tuple[config.Config, etcdv2.Client]:
     return cfg, client
 
 
-def _gate(cfg: config.Config, client: etcdv2.Client, stop: threading.Event) -> _Ready | None:
+def _gate(
+    cfg: config.Config,
+    client: etcdv2.Client,
+    stop: threading.Event,
+    recorder: events.Recorder | None = None,
+) -> _Ready | None:
     """Wait until etcd, the mesh and the peers are there; None when the job is complete."""
     resolver = gate.Resolver(cfg.endpoint.host, cfg.endpoint.port)
     deadline = time.monotonic() + cfg.gate_timeout
@@ -194,6 +239,8 @@ def _gate(cfg: config.Config, client: etcdv2.Client, stop: threading.Event) -> _
         raise _Exit(exc.exit_code) from None
     except gate.GateTimeout as exc:
         logger.error("%s", exc)
+        if recorder is not None:
+            recorder.record("GateTimeout", str(exc), events.WARNING)
         raise _Exit(exits.GATE_TIMEOUT) from None
     except gate.Completed:
         logger.info(
@@ -257,6 +304,8 @@ def _train(
     ready: _Ready,
     relay: _Relay,
     tracker: metrics.Tracker | None = None,
+    *,
+    recorder: events.Recorder | None = None,
 ) -> int:
     """Run torchrun, in a fresh rendezvous epoch when torch closed the current one early."""
     env, added = launch.build_env(cfg, ready.choice, os.environ)
@@ -265,7 +314,7 @@ def _train(
     if ready.registration is not None:
         ready.registration.start()
     try:
-        return _epochs(cfg, client, ready, relay, env=env, tracker=tracker)
+        return _epochs(cfg, client, ready, relay, env=env, tracker=tracker, recorder=recorder)
     except etcdv2.EtcdError as exc:
         logger.error("etcd at %s failed: %s", cfg.endpoint, exc)
         return exits.GATE_TIMEOUT
@@ -284,6 +333,7 @@ def _epochs(
     *,
     env: dict[str, str],
     tracker: metrics.Tracker | None,
+    recorder: events.Recorder | None = None,
 ) -> int:
     """torchrun in the current epoch; again in the next while torch closed it early."""
     epoch_now = epoch.current(client, cfg)
@@ -309,6 +359,14 @@ def _epochs(
             rdzv_id,
             epoch.run_id(cfg, epoch_now),
         )
+        if recorder is not None:
+            recorder.record(
+                "RendezvousReopened",
+                f"rendezvous {rdzv_id} was closed before the job completed: joining "
+                f"{epoch.run_id(cfg, epoch_now)}",
+                events.WARNING,
+                job=True,
+            )
     return code
 
 

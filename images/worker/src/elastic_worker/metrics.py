@@ -200,8 +200,13 @@ def parse_progress(line: str) -> int | None:
     return None
 
 
+#: notify(reason, message, type): what the pod's Events say (events.Recorder.record).
+Notify = Callable[[str, str, str], None]
+
+
 class Tracker:
-    """The pod's state machine; each method is one thing the worker saw, at `now`."""
+    """The pod's state machine; each method is one thing the worker saw, at `now`.
+    `notify` hears the facts an operator looks for (a re-form, a spare waiting or joining)."""
 
     def __init__(
         self,
@@ -210,8 +215,11 @@ class Tracker:
         max_nodes: int,
         max_restarts: int,
         clock: Callable[[], float] = time.time,
+        *,
+        notify: Notify | None = None,
     ) -> None:
         self.m = metrics
+        self.notify = notify
         self.max_nodes = max_nodes
         self.max_restarts = max_restarts
         self.clock = clock
@@ -254,6 +262,13 @@ class Tracker:
         self.m.world_size.set(0)
         self.m.group_rank.set(-1)
         spare = self.members is not None and self.members > self.max_nodes
+        if spare and self.state != "spare" and self.notify is not None:
+            self.notify(
+                "WaitingAsSpare",
+                f"{self.members} pods registered and a round holds at most {self.max_nodes}: "
+                "waiting as a spare for the next re-form",
+                "Normal",
+            )
         self._set("spare" if spare else "waiting_rendezvous")
 
     def members_registered(self, count: int) -> None:
@@ -269,11 +284,28 @@ class Tracker:
         with self._lock:
             self.current = attempt
             self.rounds += 1
+            was_spare = self.state == "spare"
             if self.rounds > 1:
                 self.m.reforms.inc()
+                took = ""
                 if self.ended_at is not None:
                     self.m.reform_rendezvous.observe(max(0.0, now - self.ended_at))
                     self.reform_started = self.ended_at
+                    took = f" after {max(0.0, now - self.ended_at):.1f} s"
+                if self.notify is not None:
+                    self.notify(
+                        "Reformed",
+                        f"re-formed at world size {attempt.nodes}{took} (round {self.rounds}, "
+                        f"group rank {attempt.group_rank})",
+                        "Normal",
+                    )
+            if was_spare and self.notify is not None:
+                self.notify(
+                    "SpareJoined",
+                    f"joined round {self.rounds} at world size {attempt.nodes} after waiting "
+                    "as a spare",
+                    "Normal",
+                )
             self.ended_at = None
             # TORCHELASTIC_RESTART_COUNT counts failures within one torchrun (run_id).
             previous = self.last_restart

@@ -227,6 +227,14 @@ SETTINGS: tuple[Setting, ...] = (
         "the port of /metrics (the container port named `metrics`)",
     ),
     Setting(
+        "ELASTIC_EVENTS",
+        Kind.BOOL,
+        "false",
+        Source.VALUE,
+        "events.enabled, with a service account and its token mounted",
+        "record Kubernetes Events on this pod and its StatefulSet (docs/contracts.md, Events)",
+    ),
+    Setting(
         "ELASTIC_LOCAL_ADDR",
         Kind.TEXT,
         "",
@@ -266,6 +274,22 @@ SETTINGS: tuple[Setting, ...] = (
         Source.KUBELET,
         "metadata.namespace",
         "the namespace of ELASTIC_STATEFULSETS",
+    ),
+    Setting(
+        "POD_UID",
+        Kind.TEXT,
+        "",
+        Source.KUBELET,
+        "metadata.uid",
+        "the involvedObject.uid of this pod's Events (so `kubectl describe pod` lists them)",
+    ),
+    Setting(
+        "NODE_NAME",
+        Kind.TEXT,
+        "",
+        Source.KUBELET,
+        "spec.nodeName",
+        "the source.host of this pod's Events",
     ),
     Setting(
         "POD_IP",

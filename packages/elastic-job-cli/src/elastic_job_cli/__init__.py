@@ -1,0 +1,1 @@
+"""elastic-job: operate an elastic-job release from a terminal."""

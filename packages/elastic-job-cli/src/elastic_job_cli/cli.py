@@ -1,0 +1,329 @@
+"""elastic-job: an elastic-job release from a terminal (also `kubectl elastic-job`).
+
+    elastic-job status RELEASE [-o json]
+    elastic-job logs RELEASE (POD | --all | --rank0) [-f] [--previous] [--tail N]
+    elastic-job logs RELEASE --save DIR
+    elastic-job events RELEASE [-w] [-o json]
+    elastic-job cost RELEASE --prices prices.yaml [-o json]
+
+-n/--namespace, --context and --kubeconfig as kubectl has them. Exit codes: 0 ok, 1 API
+error, 2 usage or no cluster access, 3 no such release, 4 not allowed (RBAC), 5 API
+server unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import sys
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from elastic_job_cli import jobstate, logs, pricing, timeline
+from elastic_job_cli import objects as o
+from elastic_job_cli.kube import EXIT_USAGE, CommandError, Kube, connect
+
+Obj = dict[str, Any]
+
+
+def _common(p: argparse.ArgumentParser, default: Any) -> None:
+    p.add_argument("-n", "--namespace", default=default, help="namespace (default: the context's)")
+    p.add_argument("--context", default=default, help="kubeconfig context")
+    p.add_argument("--kubeconfig", default=default, help="kubeconfig file")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="elastic-job", description=__doc__.split("\n")[0])
+    _common(p, None)
+    # The same flags after the subcommand, as kubectl takes them anywhere.
+    common = argparse.ArgumentParser(add_help=False)
+    _common(common, argparse.SUPPRESS)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("status", parents=[common], help="the job at a glance")
+    s.add_argument("release")
+    s.add_argument("-o", "--output", choices=["text", "json"], default="text")
+
+    lg = sub.add_parser("logs", parents=[common], help="a pod's, every pod's or rank 0's logs")
+    lg.add_argument("release")
+    lg.add_argument("pod", nargs="?", help="one worker pod")
+    which = lg.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="every worker pod, lines prefixed")
+    which.add_argument("--rank0", action="store_true", help="the pod that holds group rank 0")
+    which.add_argument(
+        "--save",
+        type=Path,
+        metavar="DIR",
+        help="keep every container's log until the job completes",
+    )
+    lg.add_argument("-f", "--follow", action="store_true")
+    lg.add_argument("-p", "--previous", action="store_true", help="the previous container's")
+    lg.add_argument("--tail", type=int, default=-1, help="last N lines (default: all)")
+
+    e = sub.add_parser("events", parents=[common], help="what happened, in time order")
+    e.add_argument("release")
+    e.add_argument("-w", "--watch", action="store_true", help="then print new ones as they happen")
+    e.add_argument("-o", "--output", choices=["text", "json"], default="text")
+
+    c = sub.add_parser("cost", parents=[common], help="node-hours, GPU-hours and their price")
+    c.add_argument("release")
+    c.add_argument(
+        "--prices", type=Path, required=True, metavar="FILE", help="prices YAML (README)"
+    )
+    c.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    return p
+
+
+# -- status ----------------------------------------------------------------------------------
+
+
+def gather_status(kube: Kube, release: str) -> jobstate.JobView:
+    rel = kube.release(release)
+    nodes, nodes_note = kube.nodes()
+    events = timeline.job_events(kube.events(), rel.names)
+    metrics: dict[str, dict[str, float] | None] = {}
+    notes: set[str] = set()
+    for pod in rel.pods:
+        metrics[o.name(pod)], note = kube.metrics(pod)
+        notes.add(note)
+    if not rel.pods:
+        note = "on" if any(o.has_metrics_port(s) for s in rel.statefulsets) else "off"
+    elif "on" in notes and any(metrics.values()):
+        note = "on"
+    elif notes == {"off"}:
+        note = "off"
+    else:
+        note = next((n for n in notes if n not in ("on", "off")), "on, but no pod answered")
+    view = jobstate.derive(
+        release,
+        kube.namespace,
+        statefulsets=rel.statefulsets,
+        pods=rel.pods,
+        nodes=nodes,
+        metrics=metrics,
+        events=events,
+        metrics_note=note,
+    )
+    if note == "off":
+        view.notes.append(
+            "metrics off (chart: monitoring.enabled=false): state, rank and step from the API only"
+        )
+    if nodes_note:
+        view.notes.append(nodes_note)
+    return view
+
+
+def _dash(value: Any) -> str:
+    return "-" if value in (None, "") else str(value)
+
+
+def print_status(view: jobstate.JobView, out: TextIO) -> None:
+    reforms = ""
+    if view.reforms is not None:
+        last = (
+            f" (last {view.last_reform_seconds:g} s)"
+            if view.last_reform_seconds is not None
+            else ""
+        )
+        reforms = f", {view.reforms} re-form{'s' if view.reforms != 1 else ''}{last}"
+    round_ = f", round {view.round}" if view.round is not None else ""
+    step = f", step {view.last_step}" if view.last_step is not None else ""
+    out.write(
+        f"job {view.release} (namespace {view.namespace}): {view.state}, world size "
+        f"{view.world_size} (min {view.min_nodes}, max {view.max_nodes}){round_}{reforms}{step}\n"
+    )
+    out.write(f"metrics: {view.metrics}\n")
+    for note in view.notes:
+        out.write(f"note: {note}\n")
+    rows = [["GROUP", "REPLICAS", "READY"]]
+    rows += [[g, str(v["replicas"]), str(v["ready"])] for g, v in sorted(view.groups.items())]
+    _table(rows, out)
+    rows = [
+        ["POD", "PHASE", "NODE", "CAPACITY", "GPU", "RESTARTS", "STATE", "RANK", "WORLD", "STEP"]
+    ]
+    for p in view.pods:
+        rows.append(
+            [p.name, p.phase, _dash(p.node), _dash(p.capacity_type), _dash(p.gpu_model),
+             str(p.restarts), _dash(p.state), _dash(p.group_rank), _dash(p.world_size),
+             _dash(p.last_step)]
+        )  # fmt: skip
+    _table(rows, out)
+
+
+def _table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        out.write(
+            "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() + "\n"
+        )
+
+
+# -- events ------------------------------------------------------------------------------------
+
+
+def run_events(kube: Kube, release: str, *, watch: bool, as_json: bool, out: TextIO) -> int:
+    rel = kube.release(release)
+    nodes, _ = kube.nodes()
+    events = kube.events()
+    entries = timeline.merge(rel.pods, nodes, events, rel.names)
+    for entry in entries:
+        out.write((json.dumps(entry.as_dict()) if as_json else entry.line()) + "\n")
+    out.flush()
+    if not watch:
+        return 0
+    seen = set(entries)
+    changes: queue.Queue[tuple[str, Obj] | CommandError] = queue.Queue()
+    selector = {"label_selector": o.worker_selector(release)}
+    watches: list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]] = [
+        ("pods", kube.core.list_namespaced_pod, (kube.namespace,), selector),
+        ("events", kube.core.list_namespaced_event, (kube.namespace,), {}),
+    ]
+    if nodes:
+        watches.append(("nodes", kube.core.list_node, (), {}))
+    for resource, fn, args, kwargs in watches:
+        threading.Thread(
+            target=_watch_into,
+            args=(kube, resource, fn, args),
+            kwargs={"params": kwargs, "changes": changes},
+            daemon=True,
+        ).start()
+    names = set(rel.names)
+    try:
+        while True:
+            item = changes.get()
+            if isinstance(item, CommandError):
+                raise item
+            resource, change = item
+            now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            obj = change["object"]
+            new = timeline.entries_for_change(
+                resource, change["type"], obj, seen=seen, names=names, now=now
+            )
+            for entry in new:
+                out.write((json.dumps(entry.as_dict()) if as_json else entry.line()) + "\n")
+            out.flush()
+    except KeyboardInterrupt:
+        return 0
+
+
+def _watch_into(
+    kube: Kube,
+    resource: str,
+    fn: Any,
+    args: tuple[Any, ...],
+    *,
+    params: dict[str, Any],
+    changes: queue.Queue[tuple[str, Obj] | CommandError],
+) -> None:
+    """List, then watch from the list's version. The client's Watch starts a new watch
+    from the last version seen whenever the server ends one (its timeout): the
+    command watches until it is interrupted."""
+    kwargs = params
+    try:
+        listed = kube.json("list", resource, fn, *args, **kwargs)
+        version = listed["metadata"].get("resourceVersion", "")
+        for change in kube.stream(resource, fn, *args, resource_version=version, **kwargs):
+            raw = change.get("raw_object") or change["object"]
+            changes.put((resource, {"type": change["type"], "object": raw}))
+    except CommandError as exc:
+        changes.put(exc)
+
+
+# -- cost --------------------------------------------------------------------------------------
+
+
+def run_cost(kube: Kube, release: str, prices_path: Path, *, as_json: bool, out: TextIO) -> int:
+    try:
+        text = prices_path.read_text()
+    except OSError as exc:
+        raise CommandError(f"--prices {prices_path}: {exc.strerror}", EXIT_USAGE) from None
+    try:
+        prices = pricing.load_prices(text, f"--prices {prices_path}")
+    except pricing.PricesError as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
+    rel = kube.release(release)
+    nodes, nodes_note = kube.nodes()
+    events = timeline.job_events(kube.events(), rel.names)
+    metrics = {o.name(p): kube.metrics(p)[0] for p in rel.pods}
+    now = datetime.now(timezone.utc)
+    spans = pricing.intervals(rel.pods, events, now)
+    result = pricing.cost(spans, nodes, prices, pricing.reform_seconds(events, metrics))
+    if as_json:
+        out.write(json.dumps(result.as_dict(), indent=1) + "\n")
+        return 0
+    cur = f" {prices.currency}" if prices.currency else ""
+    rows = [
+        ["INSTANCE TYPE", "CAPACITY", "GPUS/NODE", "NODE-HOURS", "GPU-HOURS", "PRICE/H", "COST"]
+    ]
+    for line in result.lines:
+        rows.append(
+            [line.instance_type, line.capacity_type, str(line.gpus_per_node),
+             f"{line.node_hours:.4f}", f"{line.gpu_hours:.4f}", _dash(line.price_per_hour),
+             _dash(line.cost)]
+        )  # fmt: skip
+    _table(rows, out)
+    out.write(
+        f"total: {result.total:.4f}{cur} for {result.node_hours:.4f} node-hours, "
+        f"{result.gpu_hours:.4f} GPU-hours; lost to re-forms: {result.reform_cost:.4f}{cur} "
+        f"({result.reform_share:.1%}, {result.reform_node_hours * 3600:.1f} node-seconds)\n"
+    )
+    for tag in result.unpriced:
+        out.write(f"note: no price for {tag} in {prices_path}: add it under prices\n")
+    if nodes_note:
+        out.write(f"note: {nodes_note}\n")
+    return 0
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = sys.stdout
+    try:
+        if args.command == "logs" and not (args.pod or args.all or args.rank0 or args.save):
+            raise CommandError("logs: name a POD, or pass --all, --rank0 or --save DIR", EXIT_USAGE)
+        kube = connect(args.kubeconfig, args.context, args.namespace)
+        if args.command == "status":
+            view = gather_status(kube, args.release)
+            if args.output == "json":
+                out.write(json.dumps(view.as_dict(), indent=1) + "\n")
+            else:
+                print_status(view, out)
+            return 0
+        if args.command == "logs":
+            if args.save:
+                return logs.Saver(kube, args.release, args.save).run()
+            if args.rank0:
+                return logs.follow_rank0(
+                    kube, args.release, follow=args.follow, tail=args.tail, out=out
+                )
+            pod = None if args.all else args.pod
+            return logs.show(
+                kube,
+                args.release,
+                pod,
+                follow=args.follow,
+                previous=args.previous,
+                tail=args.tail,
+                out=out,
+            )
+        if args.command == "events":
+            return run_events(
+                kube, args.release, watch=args.watch, as_json=args.output == "json", out=out
+            )
+        return run_cost(kube, args.release, args.prices, as_json=args.output == "json", out=out)
+    except CommandError as exc:
+        print(f"elastic-job: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
