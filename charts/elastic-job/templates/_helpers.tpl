@@ -348,20 +348,21 @@ checks it fails in that configuration: tests/charts/test_checkov.py scans the re
 again without them and compares (a skip whose finding is gone fails that test).
 */}}
 {{- define "elastic-job.checkovReasons" -}}
-CKV_K8S_43: "an image is pulled by tag (a repository:tag or a user's container without @sha256:); set the digests (worker.image.digest, initTopology.image.digest, tests.image.digest) to pin it"
+CKV_K8S_43: "the chart cannot know the digest of the image a user builds or mirrors, so images are pulled by tag until the user sets worker.image.digest, initTopology.image.digest, tests.image.digest (or @sha256: in an extra container)"
 CKV_K8S_15: "an image pulled by tag uses IfNotPresent, so a spot restart needs no registry round trip; a digest or pullPolicy Always passes"
 CKV_K8S_8: "torchrun has no health endpoint, and restarting a node mid-collective stalls every peer; a hung rendezvous is bounded by join_timeout and the gate timeout instead"
 CKV_K8S_9: "workers serve no traffic; a readiness probe would only hide pods from the headless Service DNS the peers resolve"
-CKV_K8S_10: "worker CPU and memory depend on the model and the nodes: set worker.resources (or the group's resources)"
+CKV_K8S_10: "the chart cannot size a training pod: CPU and memory depend on the model and the nodes, so worker.resources (or the group's) is the user's to set"
 CKV_K8S_11: "a CPU limit throttles data loading and the collectives of a training process; set worker.resources.limits.cpu to opt in"
-CKV_K8S_12: "worker CPU and memory depend on the model and the nodes: set worker.resources (or the group's resources)"
-CKV_K8S_13: "worker memory depends on the model and the nodes: set worker.resources.limits.memory (or the group's)"
-CKV_K8S_22: "training libraries write caches (torch compile, triton) under /tmp and $HOME; see worker.containerSecurityContext"
+CKV_K8S_12: "the chart cannot size a training pod: CPU and memory depend on the model and the nodes, so worker.resources (or the group's) is the user's to set"
+CKV_K8S_13: "the chart cannot size a training pod, and a memory limit hit mid-step kills the node out of the collective: worker.resources.limits.memory is the user's to set"
+CKV_K8S_22: "the user's training code and its libraries write caches (torch compile, triton) under /tmp and $HOME and outputs where they like; worker.containerSecurityContext can make the root read-only"
 CKV_K8S_25: "capabilities were added by the user (worker.containerSecurityContext or an extra container), e.g. IPC_LOCK for RDMA or a fabric daemon's NET_ADMIN"
 CKV_K8S_35: "the user passes a Secret by environment (worker.envFrom or worker.env valueFrom) to the training script, which reads it there"
 CKV_K8S_38: "init-topology reads its Node through the API (rbac.nodeReader); the worker container sees the token only when it scales the job down"
 CKV_K8S_19: "worker.hostNetwork was set by the user: the fabric needs the node's network namespace"
-CKV2_K8S_6: "a one-shot helm test pod accepts no connections; it only connects out to the rendezvous"
+CKV2_K8S_6: "networkPolicy.enabled was turned off by the user (a CNI without NetworkPolicy, or the cluster's own policies)"
+test-CKV2_K8S_6: "a one-shot helm test pod accepts no connections; it only connects out to the rendezvous"
 test-CKV_K8S_8: "a one-shot helm test pod that exits within seconds needs no liveness probe"
 test-CKV_K8S_9: "a one-shot helm test pod serves nothing, so it needs no readiness probe"
 {{- end -}}
@@ -422,5 +423,6 @@ pulled Always.
 {{- if $secretEnv }}{{ $ids = append $ids "CKV_K8S_35" }}{{ end -}}
 {{- if $w.automountServiceAccountToken }}{{ $ids = append $ids "CKV_K8S_38" }}{{ end -}}
 {{- if $w.hostNetwork }}{{ $ids = append $ids "CKV_K8S_19" }}{{ end -}}
+{{- if not .root.Values.networkPolicy.enabled }}{{ $ids = append $ids "CKV2_K8S_6" }}{{ end -}}
 {{- toYaml $ids -}}
 {{- end -}}

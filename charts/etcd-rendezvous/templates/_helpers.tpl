@@ -206,7 +206,8 @@ compares: a skip whose finding is gone fails that test.
   "CKV_K8S_13" "a memory limit that is hit kills the rendezvous mid-training; requests are set, resources.limits.memory is the user's choice"
   "CKV_K8S_116" "client TLS is optional (tls.enabled); the NetworkPolicy admits only the job's workers to the client port"
   "CKV_K8S_117" "client certificates are optional (tls.clientCertAuth); the NetworkPolicy admits only the job's workers to the client port"
-  "CKV_K8S_119" "one member: the peer URL listens on the pod's loopback only, so there is no peer traffic to encrypt" -}}
+  "CKV_K8S_119" "one member: the peer URL listens on the pod's loopback only, so there is no peer traffic to encrypt"
+  "CKV2_K8S_6" "networkPolicy.enabled was turned off by the user (a CNI without NetworkPolicy, or the cluster's own policies)" -}}
 {{- $ids := list -}}
 {{- if not .Values.image.digest -}}
 {{- $ids = append $ids "CKV_K8S_43" -}}
@@ -218,6 +219,7 @@ compares: a skip whose finding is gone fails that test.
 {{- if not .Values.tls.enabled }}{{ $ids = append $ids "CKV_K8S_116" }}{{ end -}}
 {{- if not .Values.tls.clientCertAuth }}{{ $ids = append $ids "CKV_K8S_117" }}{{ end -}}
 {{- $ids = append $ids "CKV_K8S_119" -}}
+{{- if not .Values.networkPolicy.enabled }}{{ $ids = append $ids "CKV2_K8S_6" }}{{ end -}}
 {{- range $i, $id := $ids }}
 checkov.io/skip{{ add1 $i }}: {{ printf "%s=%s" $id (index $reasons $id) | quote }}
 {{- end -}}
