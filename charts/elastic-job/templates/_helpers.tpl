@@ -362,7 +362,6 @@ CKV_K8S_35: "the user passes a Secret by environment (worker.envFrom or worker.e
 CKV_K8S_38: "init-topology reads its Node through the API (rbac.nodeReader); the worker container sees the token only when it scales the job down"
 CKV_K8S_19: "worker.hostNetwork was set by the user: the fabric needs the node's network namespace"
 CKV2_K8S_6: "networkPolicy.enabled was turned off by the user (a CNI without NetworkPolicy, or the cluster's own policies)"
-test-CKV2_K8S_6: "a one-shot helm test pod accepts no connections; it only connects out to the rendezvous"
 test-CKV_K8S_8: "a one-shot helm test pod that exits within seconds needs no liveness probe"
 test-CKV_K8S_9: "a one-shot helm test pod serves nothing, so it needs no readiness probe"
 {{- end -}}
