@@ -370,7 +370,8 @@ test-CKV_K8S_9: "a one-shot helm test pod serves nothing, so it needs no readine
 {{- define "elastic-job.checkovAnnotations" -}}
 {{- $reasons := include "elastic-job.checkovReasons" . | fromYaml -}}
 {{- range $i, $key := .ids }}
-checkov.io/skip{{ add1 $i }}: {{ printf "%s=%s" (trimPrefix "test-" $key) (index $reasons $key) | quote }}
+{{- $reason := index $reasons $key | required (printf "chart bug: %s has no reason in elastic-job.checkovReasons" $key) }}
+checkov.io/skip{{ add1 $i }}: {{ printf "%s=%s" (trimPrefix "test-" $key) $reason | quote }}
 {{- end -}}
 {{- end -}}
 
