@@ -297,3 +297,16 @@ def test_nproc_per_node_may_be_gpu() -> None:
     """job.nprocPerNode=gpu passes through (torchrun: one process per visible GPU)."""
     env = worker_env(sets=["job.nprocPerNode=gpu", "worker.gpus=8"])
     assert env["ELASTIC_NPROC_PER_NODE"] == "gpu"
+
+
+def test_a_capability_added_to_init_topology_is_skipped_with_its_reason() -> None:
+    """worker.initContainerSecurityContext adding a capability fails CKV_K8S_25 on the pod
+    (checked against checkov in test_checkov.py's scans): the skip says who added it."""
+
+    def skips(*sets: str) -> dict[str, str]:
+        annotations = render_sts(sets=list(sets))["metadata"]["annotations"]
+        return dict(v.split("=", 1) for v in annotations.values())
+
+    assert "CKV_K8S_25" not in skips()
+    reason = skips("worker.initContainerSecurityContext.capabilities.add={NET_RAW}")["CKV_K8S_25"]
+    assert "worker.initContainerSecurityContext" in reason

@@ -357,7 +357,7 @@ CKV_K8S_11: "a CPU limit throttles data loading and the collectives of a trainin
 CKV_K8S_12: "the chart cannot size a training pod: CPU and memory depend on the model and the nodes, so worker.resources (or the group's) is the user's to set"
 CKV_K8S_13: "the chart cannot size a training pod, and a memory limit hit mid-step kills the node out of the collective: worker.resources.limits.memory is the user's to set"
 CKV_K8S_22: "the user's training code and its libraries write caches (torch compile, triton) under /tmp and $HOME and outputs where they like; worker.containerSecurityContext can make the root read-only"
-CKV_K8S_25: "capabilities were added by the user (worker.containerSecurityContext or an extra container), e.g. IPC_LOCK for RDMA or a fabric daemon's NET_ADMIN"
+CKV_K8S_25: "capabilities were added by the user (worker.containerSecurityContext, worker.initContainerSecurityContext or an extra container), e.g. IPC_LOCK for RDMA or a fabric daemon's NET_ADMIN"
 CKV_K8S_35: "the user passes a Secret by environment (worker.envFrom or worker.env valueFrom) to the training script, which reads it there"
 CKV_K8S_38: "init-topology reads its Node through the API (rbac.nodeReader); the worker container sees the token only when it scales the job down"
 CKV_K8S_19: "worker.hostNetwork was set by the user: the fabric needs the node's network namespace"
@@ -401,6 +401,7 @@ pulled Always.
 {{- range $e := $w.envFrom }}{{ if $e.secretRef }}{{ $secretEnv = true }}{{ end }}{{ end -}}
 {{- range $v := .settings.env }}{{ if and (kindIs "map" $v) (($v.valueFrom | default dict).secretKeyRef) }}{{ $secretEnv = true }}{{ end }}{{ end -}}
 {{- $added := ((($w.containerSecurityContext.capabilities | default dict).add) | default list) -}}
+{{- $added = concat $added (((($w.initContainerSecurityContext | default dict).capabilities | default dict).add) | default list) -}}
 {{- range $list := list "extraInitContainers" "extraContainers" -}}
 {{- range $c := index $w $list -}}
 {{- $images = append $images (dict "image" $c.image "pullPolicy" $c.imagePullPolicy) -}}
