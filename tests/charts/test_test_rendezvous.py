@@ -65,6 +65,41 @@ def test_is_admitted_by_the_etcd_network_policy() -> None:
     assert etcd_statefulset(objs)
 
 
+def test_network_policy_isolates_the_test_pod_before_it_starts() -> None:
+    """networkPolicy.enabled: a test hook NetworkPolicy selects the test pod alone, admits
+    no ingress (the pod serves nothing), leaves egress open (DNS, the rendezvous), and is
+    created before the pod (lower hook weight)."""
+    objs = objects(ELASTIC_JOB)
+    policy = one(objs, "NetworkPolicy", TEST_POD)
+    annotations = policy["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "test"
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    pod_weight = int(_pod()["metadata"]["annotations"].get("helm.sh/hook-weight", "0"))
+    assert int(annotations["helm.sh/hook-weight"]) < pod_weight
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert not policy["spec"].get("ingress")
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    selected = [
+        o["metadata"]["name"]
+        for o in objs
+        if o["kind"] in ("Pod", "StatefulSet")
+        and selects(
+            selector,
+            (o if o["kind"] == "Pod" else o["spec"]["template"])["metadata"]["labels"],
+        )
+    ]
+    assert selected == [TEST_POD]
+
+
+def test_no_test_network_policy_without_network_policies_or_tests() -> None:
+    """networkPolicy.enabled=false or tests.enabled=false: no test NetworkPolicy."""
+    for sets in (["networkPolicy.enabled=false"], ["tests.enabled=false"]):
+        names = [
+            p["metadata"]["name"] for p in of_kind(objects(ELASTIC_JOB, sets=sets), "NetworkPolicy")
+        ]
+        assert TEST_POD not in names, sets
+
+
 def test_image_defaults_to_the_worker_image() -> None:
     """tests.image empty: the worker image (it has python3); overridable."""
     assert _pod()["spec"]["containers"][0]["image"] == "ghcr.io/elastic-job/worker:0.1.0"

@@ -216,7 +216,7 @@ DIGEST = "sha256:" + "ab" * 32
 
 
 def test_the_digest_skip_goes_once_both_images_are_pinned_by_digest() -> None:
-    """worker.image.digest and initTopology.image.digest: CKV_K8S_43 holds, no skip;
+    """worker.image.digest and initTopology.image.digest: CKV_K8S_43 and CKV_K8S_15 hold, no skip;
     one of them alone keeps it (the other image is still pulled by tag)."""
 
     def skips(*sets: str) -> list[str]:
@@ -228,7 +228,7 @@ def test_the_digest_skip_goes_once_both_images_are_pinned_by_digest() -> None:
     assert "CKV_K8S_43" in skips(f"worker.image.digest={DIGEST}")
     both = skips(f"worker.image.digest={DIGEST}", f"initTopology.image.digest={DIGEST}")
     assert "CKV_K8S_43" not in both
-    assert both == [k for k in skips() if k != "CKV_K8S_43"]
+    assert both == [k for k in skips() if k not in {"CKV_K8S_43", "CKV_K8S_15"}]
 
 
 def test_the_etcd_digest_skip_goes_with_a_digest() -> None:
@@ -297,3 +297,16 @@ def test_nproc_per_node_may_be_gpu() -> None:
     """job.nprocPerNode=gpu passes through (torchrun: one process per visible GPU)."""
     env = worker_env(sets=["job.nprocPerNode=gpu", "worker.gpus=8"])
     assert env["ELASTIC_NPROC_PER_NODE"] == "gpu"
+
+
+def test_a_capability_added_to_init_topology_is_skipped_with_its_reason() -> None:
+    """worker.initContainerSecurityContext adding a capability fails CKV_K8S_25 on the pod
+    (checked against checkov in test_checkov.py's scans): the skip says who added it."""
+
+    def skips(*sets: str) -> dict[str, str]:
+        annotations = render_sts(sets=list(sets))["metadata"]["annotations"]
+        return dict(v.split("=", 1) for v in annotations.values())
+
+    assert "CKV_K8S_25" not in skips()
+    reason = skips("worker.initContainerSecurityContext.capabilities.add={NET_RAW}")["CKV_K8S_25"]
+    assert "worker.initContainerSecurityContext" in reason
