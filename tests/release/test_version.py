@@ -74,6 +74,9 @@ PLACES: dict[str, Callable[[], str]] = {
     "packages/torch-etcd-v3/pyproject.toml [project] version": lambda: _pyproject(
         "packages/torch-etcd-v3/pyproject.toml"
     ),
+    "packages/elastic-job-cli/pyproject.toml [project] version": lambda: _pyproject(
+        "packages/elastic-job-cli/pyproject.toml"
+    ),
     "images/init-topology/src/init_topology/__init__.py __version__": lambda: _dunder_version(
         "images/init-topology/src/init_topology/__init__.py"
     ),
