@@ -15,7 +15,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from elastic_worker import follow, launch
+from elastic_worker import config, follow, launch
 from elastic_worker.metrics import (
     STATES,
     Attempt,
@@ -85,16 +85,52 @@ def test_every_series_carries_job_group_and_pod_and_nothing_else() -> None:
     tracker, metrics, _ = tracked()
     tracker.attempt(attempt(0, 0, 2))
     tracker.progress(3)
+    metrics.node.info({"node": "n1", **{label: "x" for label, _ in config.NODE_INFO}})
     for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
         assert family.name.startswith("elastic_job_")
         for sample in family.samples:
             extra = set(sample.labels) - {"job", "group", "pod"}
-            assert extra <= {"le", "elastic_job_pod_state"}, sample
+            # the node's info series is the one with more: one per pod, constant
+            node = {"node", *(label for label, _ in config.NODE_INFO)}
+            assert extra <= {"le", "elastic_job_pod_state"} or (
+                sample.name == "elastic_job_node_info" and extra == node
+            ), sample
             assert (sample.labels["job"], sample.labels["group"], sample.labels["pod"]) == (
                 WHO.job,
                 WHO.group,
                 WHO.pod,
             )
+
+
+def test_the_node_info_series_carries_the_topology_init_topology_wrote(tmp_path: Path) -> None:
+    """What a dashboard groups pods by (spot vs on-demand, GPU model), from /etc/inject/env."""
+    inject = tmp_path / "env"
+    inject.write_text(
+        "NODE_NAME='gpu-7'\nNODE_INSTANCE_TYPE='p5.48xlarge'\nNODE_CAPACITY_TYPE='spot'\n"
+        "NODE_GPU_MODEL='H100'\nNODE_ZONE='us-east-1a'\n"
+    )
+    env = {
+        "ELASTIC_JOB_ID": WHO.job,
+        "ELASTIC_RDZV_ENDPOINT": "127.0.0.1:2379",
+        "ELASTIC_MIN_NODES": "1",
+        "ELASTIC_MAX_NODES": "2",
+        "ELASTIC_INJECT_ENV": str(inject),
+    }
+    cfg = config.load(["train.py"], env)
+    metrics = JobMetrics(WHO)
+    metrics.node.info({"node": cfg.node_name, **dict(cfg.node_info)})
+    text = generate_latest(metrics.registry).decode()
+    assert (
+        'elastic_job_node_info{capacity_type="spot",gpu_model="H100",group="workers",'
+        'instance_type="p5.48xlarge",job="default-run42",node="gpu-7",'
+        'pod="run42-workers-1",zone="us-east-1a"} 1.0'
+    ) in text, text
+
+
+def test_the_node_info_reads_variables_init_topology_writes() -> None:
+    from init_topology.main import SUMMARY_KEYS  # noqa: PLC0415 - the other image's package
+
+    assert {var for _, var in config.NODE_INFO} <= set(SUMMARY_KEYS)
 
 
 def test_a_reform_is_counted_once_and_timed_from_this_nodes_process_ending() -> None:

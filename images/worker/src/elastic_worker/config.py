@@ -20,6 +20,15 @@ from pathlib import Path
 from elastic_worker import envfile
 from elastic_worker.settings import BY_NAME, RDZV_CONF_DEFAULT, Kind, Setting
 
+# The topology init-topology writes (its NODE_* variables), as the labels of the
+# elastic_job_node_info series: what a dashboard groups pods by (e.g. spot vs on-demand).
+NODE_INFO = (
+    ("instance_type", "NODE_INSTANCE_TYPE"),
+    ("capacity_type", "NODE_CAPACITY_TYPE"),
+    ("gpu_model", "NODE_GPU_MODEL"),
+    ("zone", "NODE_ZONE"),
+)
+
 # Keys torch's etcd-v2 rendezvous reads from --rdzv-conf (torch 2.13).
 KNOWN_RDZV_KEYS = frozenset(
     {
@@ -145,6 +154,8 @@ class Config:
     pod_namespace: str
     pod_uid: str
     node_name: str
+    # The node's topology from /etc/inject/env, as label -> value (metrics.NODE_INFO).
+    node_info: tuple[tuple[str, str], ...]
     pod_ip: str
     local_addr: str
     nccl_socket_ifname: str
@@ -389,6 +400,7 @@ def load(
         pod_namespace=text(env, "POD_NAMESPACE"),
         pod_uid=text(env, "POD_UID"),
         node_name=text(env, "NODE_NAME"),
+        node_info=tuple((label, env.get(var, "").strip()) for label, var in NODE_INFO),
         pod_ip=text(env, "POD_IP"),
         local_addr=text(env, "ELASTIC_LOCAL_ADDR"),
         nccl_socket_ifname=text(env, "NCCL_SOCKET_IFNAME"),

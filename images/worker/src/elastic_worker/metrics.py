@@ -1,7 +1,8 @@
 """The pod's Prometheus metrics (docs/contracts.md, "Metrics"), served by prometheus-client.
 
 Every series has the labels job (ELASTIC_JOB_ID), group (ELASTIC_GROUP) and pod
-(POD_NAME), nothing else, so a job with many pods stays a few series per pod.
+(POD_NAME), nothing else, so a job with many pods stays a few series per pod; the one
+exception is elastic_job_node_info, one constant series per pod with the node's topology.
 `Tracker` turns what the worker sees (its own gate, the attempt lines, the training
 process of each attempt, the optional progress file) into the values; it takes the
 clock as an argument so its rules are tested without waiting.
@@ -21,6 +22,7 @@ from prometheus_client import (
     Enum,
     Gauge,
     Histogram,
+    Info,
     disable_created_metrics,
 )
 from prometheus_client.exposition import start_http_server
@@ -107,6 +109,13 @@ class JobMetrics:
             "elastic_job_gate_wait_seconds", "Time spent in the readiness gate (so far)"
         )
         self.completed = gauge("elastic_job_completed", "1 once the job is complete")
+        self.node = Info(
+            "elastic_job_node",
+            "The node this pod runs on (/etc/inject/env): node name, instance type, "
+            "capacity type (spot, on-demand, ...), GPU model, zone",
+            LABELS,
+            registry=reg,
+        ).labels(*values)
         # The step series exist only once the script reports progress (docs/contracts.md,
         # "Progress"): a job whose script does not report has none, so an alert on "no
         # step progress" (ElasticJobTrainingStalled) stays silent for it.
