@@ -140,6 +140,7 @@ class Config:
     pod_name: str
     group: str
     metrics: bool
+    loss_detection: bool
     metrics_port: int
     pod_namespace: str
     pod_ip: str
@@ -381,6 +382,7 @@ def load(
         pod_name=pod_name,
         group=text(env, "ELASTIC_GROUP"),
         metrics=_bool(env, "ELASTIC_METRICS"),
+        loss_detection=_bool(env, "ELASTIC_LOSS_DETECTION"),
         metrics_port=_port(env, "ELASTIC_METRICS_PORT"),
         pod_namespace=text(env, "POD_NAMESPACE"),
         pod_ip=text(env, "POD_IP"),

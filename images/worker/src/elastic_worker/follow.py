@@ -38,7 +38,7 @@ def process_alive(pid: int) -> bool:
     return stat[stat.rfind(")") + 2 :][:1] not in {"Z", "X", ""}
 
 
-class _Tail:
+class Tail:
     """The complete lines appended to a file since the last call."""
 
     def __init__(self, path: Path) -> None:
@@ -74,8 +74,8 @@ class Follower:
         self.dir = Path(tempfile.mkdtemp(prefix="elastic-worker-"))
         self.attempt_log = self.dir / "attempts"
         self.progress_file = self.dir / "progress"
-        self._attempts = _Tail(self.attempt_log)
-        self._progress = _Tail(self.progress_file)
+        self._attempts = Tail(self.attempt_log)
+        self._progress = Tail(self.progress_file)
         self._pid: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

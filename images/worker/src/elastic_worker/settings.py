@@ -211,6 +211,15 @@ SETTINGS: tuple[Setting, ...] = (
         "the worker group, the `group` label of the pod's metrics",
     ),
     Setting(
+        "ELASTIC_LOSS_DETECTION",
+        Kind.BOOL,
+        "true",
+        Source.VALUE,
+        "rendezvous.lossDetection.enabled",
+        "stop this pod's training processes as soon as a member of its round stops renewing "
+        "its key under /elastic-job/<id>/rounds/ (a silent loss), so that torchrun re-forms",
+    ),
+    Setting(
         "ELASTIC_METRICS",
         Kind.BOOL,
         "false",
