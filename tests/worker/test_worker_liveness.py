@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from elastic_worker import completion, config, etcdv2, liveness
-from elastic_worker.metrics import ATTEMPT_PREFIX
+from elastic_worker.attempt import ATTEMPT_PREFIX
 from testlib import EtcdServer
 from worker_helpers import PYTHON, wait_until
 
@@ -43,6 +43,14 @@ def pod_env(etcd: EtcdServer, name: str) -> dict[str, str]:
     }
 
 
+def sleeper(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`sleep` with `env`, once exec'd (before, /proc shows the forked test's environment)."""
+    proc = subprocess.Popen(["sleep", "600"], env={"PATH": os.environ["PATH"], **env})
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    wait_until("sleep to be exec'd", lambda: cmdline.read_bytes().startswith(b"sleep"), 5, 0.01)
+    return proc
+
+
 @dataclass
 class Pod:
     name: str
@@ -62,10 +70,7 @@ def pods(etcd: EtcdServer, tmp_path: Path) -> Iterator[dict[str, Pod]]:
         watch = subprocess.Popen(
             [str(PYTHON), str(POD_SCRIPT), str(log)], env=pod_env(etcd, name), stderr=err
         )
-        program = subprocess.Popen(
-            ["sleep", "600"],
-            env={"PATH": os.environ["PATH"], "MASTER_ADDR": MASTER[0], "MASTER_PORT": MASTER[1]},
-        )
+        program = sleeper({"MASTER_ADDR": MASTER[0], "MASTER_PORT": MASTER[1]})
         log.write_text(
             f"{ATTEMPT_PREFIX}run_id={JOB} restart=0 group_rank={rank} nodes=3 world_size=3 "
             f"pid={program.pid}\n"
@@ -144,16 +149,13 @@ def test_a_lapse_after_the_job_completed_stops_nothing(
     assert pods["pod-c"].program.poll() is None
 
 
-def test_the_round_is_the_run_id_and_torchs_master_address_of_the_program(
-    tmp_path: Path,
-) -> None:
-    env = {"PATH": os.environ["PATH"], "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "4242"}
-    with subprocess.Popen(["sleep", "60"], env=env) as program:
+def test_the_round_is_the_run_id_and_torchs_master_address_of_the_program() -> None:
+    with sleeper({"MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "4242"}) as program:
         try:
             assert liveness.round_of("job-r1", program.pid) == "job-r1@10.1.2.3:4242"
         finally:
             program.kill()
-    with subprocess.Popen(["sleep", "60"], env={"PATH": os.environ["PATH"]}) as program:
+    with sleeper({}) as program:
         try:
             assert liveness.round_of("job", program.pid) is None
         finally:

@@ -38,9 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elastic_worker import completion, etcdv2
+from elastic_worker.attempt import ATTEMPT_LOG_ENV, Tail, parse_attempt, process_alive
 from elastic_worker.config import Config
-from elastic_worker.follow import ATTEMPT_LOG_ENV, Tail, process_alive
-from elastic_worker.metrics import parse_attempt
 
 logger = logging.getLogger(__name__)
 
