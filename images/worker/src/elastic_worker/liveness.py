@@ -170,7 +170,7 @@ class Watch:
             self._stop_attempt(
                 attempt,
                 f"this pod's key {self.key(attempt.round)} lapsed (cut off from etcd for more "
-                f"than {self.ttl} s): the others re-formed without it",
+                f"than {self.ttl} s): the others have gone on without it",
             )
         except etcdv2.EtcdError as exc:
             logger.debug("could not refresh %s: %s", self.key(attempt.round), exc)
@@ -206,7 +206,7 @@ class Watch:
     def _stop_attempt(self, attempt: Attempt, why: str) -> None:
         logger.warning(
             "silent loss: %s: stopping this pod's training process (pid %d) so that "
-            "torchrun re-forms now (ELASTIC_LOSS_DETECTION=false turns this off)",
+            "torchrun re-forms now (chart: rendezvous.lossDetection.enabled=false turns this off)",
             why,
             attempt.pid,
         )
