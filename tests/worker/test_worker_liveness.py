@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +148,22 @@ def test_a_lapse_after_the_job_completed_stops_nothing(
     time.sleep(liveness.TTL + 3)
     assert pods["pod-a"].program.poll() is None
     assert pods["pod-c"].program.poll() is None
+
+
+def test_etcd_losing_its_data_stops_nothing_and_the_keys_come_back(
+    pods: dict[str, Pod], etcd: EtcdServer
+) -> None:
+    # What a new etcd pod with an empty data directory looks like to the members: every
+    # key of the round gone at once (no member is the one cut off).
+    req = urllib.request.Request(
+        f"{etcd.url}/v2/keys/elastic-job/{JOB}?recursive=true", method="DELETE"
+    )
+    urllib.request.urlopen(req, timeout=5).close()
+    client = etcdv2.Client(etcd.url)
+    key = f"/elastic-job/{JOB}/rounds/{ROUND}"
+    wait_until("the three keys again", lambda: len(client.list_dir(key)) == 3, 5)
+    time.sleep(liveness.TTL + 2)
+    assert all(p.program.poll() is None for p in pods.values())
 
 
 def test_the_round_is_the_run_id_and_torchs_master_address_of_the_program() -> None:

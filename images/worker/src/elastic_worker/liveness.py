@@ -13,14 +13,16 @@ blocked. So, beside torchrun (docs/contracts.md, "Round liveness"):
 - While this pod's attempt runs, <prefix>/rounds/<round>/<pod> holds `alive` with a TTL
   of TTL s, refreshed every REFRESH s. When the attempt ends or the worker stops it is
   rewritten `left` (a clean leave: nobody reacts), and expires after LEFT_TTL s.
+  A member acts only while its own key is there: when etcd loses its data (a new etcd
+  pod), every key is gone at once and nobody is stopped; the keys are written again.
 - Every POLL s the round's directory is read. A member seen `alive` whose key is gone
   has lapsed (its pod stopped refreshing: cut off, frozen, killed), so this pod SIGKILLs
   its attempt's program: torchrun sees a failed worker, stops the others, uses one
   restart and rendezvouses; the lost node's torch keep-alive (1 s x 3) has expired by
   then, so the new round closes without it.
-- This pod's own key found lapsed when it refreshes (it was cut off for longer than TTL
-  and the others went on without it) stops its own attempt too: it rejoins at the next
-  re-form instead of waiting in a dead collective.
+- This pod's own key found lapsed when it refreshes while other members' keys are there
+  (it was cut off for longer than TTL and the others went on without it) stops its own
+  attempt too: it rejoins at the next re-form instead of waiting in a dead collective.
 
 Nothing is stopped once the job is complete: a member that finished is not lost.
 """
@@ -49,7 +51,9 @@ logger = logging.getLogger(__name__)
 TTL = 4  # seconds; etcd v2 TTLs are whole seconds
 REFRESH = 1.0  # seconds between refreshes: 3 missed refreshes before a lapse
 POLL = 0.5  # seconds between reads of the round's members and of the attempt log
-LEFT_TTL = 60  # seconds a `left` key stays: long enough for every member's next read
+# Seconds a `left` key stays: a pod back from a cut this long still finds it and knows the
+# others went on without it (longer than gloo's default 30 min process-group timeout).
+LEFT_TTL = 3600
 REQUEST_TIMEOUT = 2.0  # one slow etcd request must not hold the next refresh long
 ALIVE, LEFT = "alive", "left"
 
@@ -166,14 +170,28 @@ class Watch:
             )
             self._written = attempt.round
         except etcdv2.KeyNotFound:
-            self._written = None
-            self._stop_attempt(
-                attempt,
-                f"this pod's key {self.key(attempt.round)} lapsed (cut off from etcd for more "
-                f"than {self.ttl} s): the others have gone on without it",
-            )
+            self._lapsed(attempt)
         except etcdv2.EtcdError as exc:
             logger.debug("could not refresh %s: %s", self.key(attempt.round), exc)
+
+    def _lapsed(self, attempt: Attempt) -> None:
+        """This pod's key is gone. With other members' keys (alive or left) in the round,
+        it lapsed: the others went on without this pod, so its attempt is stopped. With
+        none, etcd lost its data (a new etcd pod): the key is written again."""
+        try:
+            others = list(self._writer.list_dir(f"{self.dir}/{attempt.round}"))
+        except etcdv2.EtcdError as exc:
+            logger.debug("could not read the members of round %s: %s", attempt.round, exc)
+            return  # the next refresh asks again
+        self._written = None
+        if not others:
+            logger.info("round %s is gone from etcd (a new etcd?): joining it again", attempt.round)
+            return
+        self._stop_attempt(
+            attempt,
+            f"this pod's key {self.key(attempt.round)} lapsed (cut off from etcd for more "
+            f"than {self.ttl} s): the others have gone on without it",
+        )
 
     def watch_once(self) -> None:
         """One read of the current round's members; stop the attempt when one lapsed."""
@@ -190,6 +208,11 @@ class Watch:
             return
         alive = {n.key.rsplit("/", 1)[-1] for n in nodes if n.value == ALIVE}
         left = {n.key.rsplit("/", 1)[-1] for n in nodes if n.value == LEFT}
+        if self.config.pod_name not in alive:
+            # This pod's own key is not there (not written yet, lapsed, or etcd lost its
+            # data): nothing here says that another member is the one cut off.
+            self._seen = set()
+            return
         lapsed = sorted(self._seen - alive - left - {self.config.pod_name})
         self._seen = (self._seen | alive) - left
         if not lapsed:
