@@ -52,6 +52,12 @@ def sleeper(env: dict[str, str]) -> subprocess.Popen[bytes]:
     return proc
 
 
+def members(client: etcdv2.Client) -> list[str | None]:
+    """The values of the members' keys in the round (its marker left out)."""
+    nodes = client.list_dir(f"/elastic-job/{JOB}/rounds/{ROUND}")
+    return [n.value for n in nodes if not n.key.endswith(f"/{liveness.MARKER}")]
+
+
 @dataclass
 class Pod:
     name: str
@@ -78,14 +84,8 @@ def pods(etcd: EtcdServer, tmp_path: Path) -> Iterator[dict[str, Pod]]:
         )
         made[name] = Pod(name, watch, program)
     client = etcdv2.Client(etcd.url)
-    key = f"/elastic-job/{JOB}/rounds/{ROUND}"
 
-    def all_alive() -> bool:
-        return {n.value for n in client.list_dir(key)} == {liveness.ALIVE} and (
-            len(client.list_dir(key)) == 3
-        )
-
-    wait_until("the three members' keys", all_alive, 20)
+    wait_until("the three members' keys", lambda: members(client) == [liveness.ALIVE] * 3, 20)
     yield made
     for pod in made.values():
         with contextlib.suppress(ProcessLookupError):
@@ -160,8 +160,7 @@ def test_etcd_losing_its_data_stops_nothing_and_the_keys_come_back(
     )
     urllib.request.urlopen(req, timeout=5).close()
     client = etcdv2.Client(etcd.url)
-    key = f"/elastic-job/{JOB}/rounds/{ROUND}"
-    wait_until("the three keys again", lambda: len(client.list_dir(key)) == 3, 5)
+    wait_until("the three keys again", lambda: members(client) == [liveness.ALIVE] * 3, 5)
     time.sleep(liveness.TTL + 2)
     assert all(p.program.poll() is None for p in pods.values())
 

@@ -13,15 +13,16 @@ blocked. So, beside torchrun (docs/contracts.md, "Round liveness"):
 - While this pod's attempt runs, <prefix>/rounds/<round>/<pod> holds `alive` with a TTL
   of TTL s, refreshed every REFRESH s. When the attempt ends or the worker stops it is
   rewritten `left` (a clean leave: nobody reacts), and expires after LEFT_TTL s.
-  A member acts only while its own key is there: when etcd loses its data (a new etcd
-  pod), every key is gone at once and nobody is stopped; the keys are written again.
+  A member acts only while its own key is there, and the round's `.round` marker (written
+  once, without a TTL) tells a lapse from etcd losing its data (a new etcd pod: every
+  key gone at once; nobody is stopped and the keys are written again).
 - Every POLL s the round's directory is read. A member seen `alive` whose key is gone
   has lapsed (its pod stopped refreshing: cut off, frozen, killed), so this pod SIGKILLs
   its attempt's program: torchrun sees a failed worker, stops the others, uses one
   restart and rendezvouses; the lost node's torch keep-alive (1 s x 3) has expired by
   then, so the new round closes without it.
-- This pod's own key found lapsed when it refreshes while other members' keys are there
-  (it was cut off for longer than TTL and the others went on without it) stops its own
+- This pod's own key found lapsed when it refreshes, the marker unchanged (it was cut
+  off for longer than TTL and the others went on without it), stops its own
   attempt too: it rejoins at the next re-form instead of waiting in a dead collective.
 
 Nothing is stopped once the job is complete: a member that finished is not lost.
@@ -36,6 +37,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,11 +53,10 @@ logger = logging.getLogger(__name__)
 TTL = 4  # seconds; etcd v2 TTLs are whole seconds
 REFRESH = 1.0  # seconds between refreshes: 3 missed refreshes before a lapse
 POLL = 0.5  # seconds between reads of the round's members and of the attempt log
-# Seconds a `left` key stays: a pod back from a cut this long still finds it and knows the
-# others went on without it (longer than gloo's default 30 min process-group timeout).
-LEFT_TTL = 3600
+LEFT_TTL = 60  # seconds a `left` key stays: long enough for every member's next read
 REQUEST_TIMEOUT = 2.0  # one slow etcd request must not hold the next refresh long
 ALIVE, LEFT = "alive", "left"
+MARKER = ".round"  # not a pod name (those are DNS labels): the round's marker key
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class Watch:
         self._lock = threading.Lock()
         self._attempt: Attempt | None = None
         self._written: str | None = None  # the round whose key this pod last wrote alive
+        self._marker: str | None = None  # that round's marker (_read_marker)
         self._watched: str | None = None  # the round `_seen` belongs to
         self._seen: set[str] = set()  # members seen alive in that round
         self.own_dir: Path | None = None  # a temporary directory to remove at stop
@@ -168,23 +170,40 @@ class Watch:
             self._writer.set(
                 self.key(attempt.round), ALIVE, ttl=self.ttl, prev_exist=None if first else True
             )
+            if first:
+                self._marker = self._read_marker(attempt.round)
             self._written = attempt.round
         except etcdv2.KeyNotFound:
             self._lapsed(attempt)
         except etcdv2.EtcdError as exc:
             logger.debug("could not refresh %s: %s", self.key(attempt.round), exc)
 
-    def _lapsed(self, attempt: Attempt) -> None:
-        """This pod's key is gone. With other members' keys (alive or left) in the round,
-        it lapsed: the others went on without this pod, so its attempt is stopped. With
-        none, etcd lost its data (a new etcd pod): the key is written again."""
+    def _read_marker(self, round_: str) -> str | None:
+        """The round's marker (written once, by its first member, without a TTL): the
+        same value later means the same etcd data."""
+        key = f"{self.dir}/{round_}/{MARKER}"
         try:
-            others = list(self._writer.list_dir(f"{self.dir}/{attempt.round}"))
+            self._writer.set(key, f"{self.config.pod_name} {time.time():.6f}", prev_exist=False)
+        except etcdv2.NodeExists:
+            pass
+        except etcdv2.EtcdError:
+            return None
+        try:
+            return self._writer.get_value(key)
+        except etcdv2.EtcdError:
+            return None
+
+    def _lapsed(self, attempt: Attempt) -> None:
+        """This pod's key is gone. With the round's marker as it was, it lapsed: the
+        others went on without this pod, so its attempt is stopped. With the marker gone
+        or another one, etcd lost its data (a new etcd pod): the key is written again."""
+        try:
+            marker = self._writer.get_value(f"{self.dir}/{attempt.round}/{MARKER}")
         except etcdv2.EtcdError as exc:
-            logger.debug("could not read the members of round %s: %s", attempt.round, exc)
+            logger.debug("could not read the marker of round %s: %s", attempt.round, exc)
             return  # the next refresh asks again
         self._written = None
-        if not others:
+        if self._marker is not None and marker != self._marker:
             logger.info("round %s is gone from etcd (a new etcd?): joining it again", attempt.round)
             return
         self._stop_attempt(
@@ -206,8 +225,9 @@ class Watch:
         except etcdv2.EtcdError as exc:
             logger.debug("could not read the members of round %s: %s", attempt.round, exc)
             return
-        alive = {n.key.rsplit("/", 1)[-1] for n in nodes if n.value == ALIVE}
-        left = {n.key.rsplit("/", 1)[-1] for n in nodes if n.value == LEFT}
+        names = {n.key.rsplit("/", 1)[-1]: n.value for n in nodes}
+        alive = {name for name, value in names.items() if value == ALIVE and name != MARKER}
+        left = {name for name, value in names.items() if value == LEFT and name != MARKER}
         if self.config.pod_name not in alive:
             # This pod's own key is not there (not written yet, lapsed, or etcd lost its
             # data): nothing here says that another member is the one cut off.
