@@ -218,9 +218,10 @@ def test_partition_with_a_script_without_timeout_reforms_in_seconds_and_the_pod_
     # pod 1's link goes down without a reset for 30 s. The survivors' gloo collective
     # would wait 30 min; the round liveness (rendezvous.lossDetection, on by default) sees
     # pod 1's key lapse and stops their training processes, torchrun re-forms at 2. When
-    # the link is back, pod 1 finds its own key lapsed, leaves its dead collective and
-    # joins the next re-form (at 3). Seconds run from the cut to the new round's attempt
-    # line (the script prints no steps).
+    # the link is back, pod 1 leaves its dead collective (its own key found lapsed, or
+    # the reset of the peers' closed sockets, whichever comes first) and joins the next
+    # re-form (at 3). Seconds run from the cut to the new round's attempt line (the
+    # script prints no steps).
     run = run_local(
         tmp_path,
         f"--partition={pod(1)}@{SILENT_CUT_AT}:30",
@@ -241,7 +242,6 @@ def test_partition_with_a_script_without_timeout_reforms_in_seconds_and_the_pod_
     # 3 before the cut (pod 1 was in the round), 2 without it, 3 once it rejoined.
     assert in_order(s["world_sizes"], [3, 2, 3]), run.describe()
     assert "silent loss:" in run.log(pod(0)) and "silent loss:" in run.log(pod(2))
-    assert "this pod's key" in run.log(pod(1)), "pod 1 left its dead collective"
     assert "Resuming training from snapshot at Epoch" in run.log(pod(1)), "pod 1 rejoined"
     assert_cleaned_up(run)
 
