@@ -130,6 +130,15 @@ SETTINGS: tuple[Setting, ...] = (
         "seconds between torchrun's checks of its workers (--monitor-interval)",
     ),
     Setting(
+        "ELASTIC_LOSS_DETECTION",
+        Kind.BOOL,
+        "true",
+        Source.VALUE,
+        "rendezvous.lossDetection.enabled",
+        "stop this pod's training processes as soon as a member of its round stops renewing "
+        "its key under /elastic-job/<id>/rounds/ (a silent loss), so that torchrun re-forms",
+    ),
+    Setting(
         "ELASTIC_GATE_TIMEOUT",
         Kind.SECONDS,
         "600",
@@ -209,15 +218,6 @@ SETTINGS: tuple[Setting, ...] = (
         Source.DERIVED,
         "the workerGroups key of the pod's StatefulSet",
         "the worker group, the `group` label of the pod's metrics",
-    ),
-    Setting(
-        "ELASTIC_LOSS_DETECTION",
-        Kind.BOOL,
-        "true",
-        Source.VALUE,
-        "rendezvous.lossDetection.enabled",
-        "stop this pod's training processes as soon as a member of its round stops renewing "
-        "its key under /elastic-job/<id>/rounds/ (a silent loss), so that torchrun re-forms",
     ),
     Setting(
         "ELASTIC_METRICS",
