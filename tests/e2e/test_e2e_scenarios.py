@@ -40,6 +40,15 @@ pytestmark = [
 # Generous bounds: other test suites load the same 2 cores. The measured values are in the
 # JSON summaries (reforms[].seconds) and in the report of the issue.
 REFORM_BOUND = 120.0
+# tests/e2e/user_script mounted into the pods as /opt/user-script (a hostPath volume).
+USER_SCRIPT_DIR = ROOT / "tests" / "e2e" / "user_script"
+USER_SCRIPT_SETS = [
+    "worker.extraVolumes[0].name=user-script",
+    f"worker.extraVolumes[0].hostPath.path={USER_SCRIPT_DIR}",
+    "worker.extraVolumeMounts[0].name=user-script",
+    "worker.extraVolumeMounts[0].mountPath=/opt/user-script",
+    "worker.extraVolumeMounts[0].readOnly=true",
+]
 
 
 def worker_pods(summary: dict[str, object]) -> dict[str, dict[str, object]]:
@@ -168,13 +177,18 @@ def test_partition_survivors_reform_within_the_timeouts_and_the_pod_rejoins(
     # (rendezvous.lastCallTimeout 1 s; the lost node's keep-alive lapses after
     # keepAliveInterval * keepAliveMaxAttempt = 3 s) and start new workers. So the bound
     # is PG timeout + rendezvous + worker start-up; asserted here with generous slack.
+    # The round liveness (rendezvous.lossDetection) is off here: this is the path without
+    # it (the next scenario has it on, with a script that sets no timeout).
     pg_timeout = 15
     run = run_local(
         tmp_path,
         f"--partition={pod(1)}@step=8:45",
         steps=80,
         every=5,
-        sets=[f"worker.env.TRAIN_PG_TIMEOUT={pg_timeout}"],
+        sets=[
+            f"worker.env.TRAIN_PG_TIMEOUT={pg_timeout}",
+            "rendezvous.lossDetection.enabled=false",
+        ],
         timeout=420,
     )
     assert run.rc == 0, run.describe()
@@ -189,6 +203,46 @@ def test_partition_survivors_reform_within_the_timeouts_and_the_pod_rejoins(
     # pod 1 trained again after the link came back
     log1 = run.log(pod(1))
     assert log1.rfind("[train] step=") > log1.find("[train] step="), "pod 1 rejoined"
+    assert_cleaned_up(run)
+
+
+# A script that sets no process-group timeout, as most do (gloo's default is 30 min).
+SILENT_CUT_AT = 50  # s after the run's start: the first round of 3 trains by then
+SILENT_REFORM_BOUND = 10.0  # issue 12: a silent loss re-forms within 10 s of the cut
+
+
+@pytest.mark.slow
+def test_partition_with_a_script_without_timeout_reforms_in_seconds_and_the_pod_rejoins(
+    tmp_path: Path,
+) -> None:
+    # pod 1's link goes down without a reset for 30 s. The survivors' gloo collective
+    # would wait 30 min; the round liveness (rendezvous.lossDetection, on by default) sees
+    # pod 1's key lapse and stops their training processes, torchrun re-forms at 2. When
+    # the link is back, pod 1 leaves its dead collective (its own key found lapsed, or
+    # the reset of the peers' closed sockets, whichever comes first) and joins the next
+    # re-form (at 3). Seconds run from the cut to the new round's attempt line (the
+    # script prints no steps).
+    run = run_local(
+        tmp_path,
+        f"--partition={pod(1)}@{SILENT_CUT_AT}:30",
+        command=[
+            "python", "/opt/user-script/multinode.py", "110", "5",
+            "--snapshot-path", "/checkpoints/snapshot.pt", "--epoch-seconds", "1",
+        ],
+        sets=USER_SCRIPT_SETS,
+        timeout=420,
+    )  # fmt: skip
+    s = run.summary
+    assert run.rc == 0, run.describe()
+    assert s["completed"] is True, run.describe()
+    part = reform(run, f"partition {pod(1)}")
+    assert part["world_size"] == 2, run.describe()
+    assert part["seconds"] is not None, run.describe()
+    assert part["seconds"] <= SILENT_REFORM_BOUND, part
+    # 3 before the cut (pod 1 was in the round), 2 without it, 3 once it rejoined.
+    assert in_order(s["world_sizes"], [3, 2, 3]), run.describe()
+    assert "silent loss:" in run.log(pod(0)) and "silent loss:" in run.log(pod(2))
+    assert "Resuming training from snapshot at Epoch" in run.log(pod(1)), "pod 1 rejoined"
     assert_cleaned_up(run)
 
 
@@ -314,9 +368,6 @@ def test_loopback_fallback_without_namespaces_still_trains(tmp_path: Path) -> No
     assert re.search(r"ip 127\.\d+\.\d+\.\d+", run.stdout), run.describe()
 
 
-USER_SCRIPT_DIR = ROOT / "tests" / "e2e" / "user_script"
-
-
 @pytest.mark.slow
 def test_a_users_own_ddp_script_that_prints_nothing_of_ours_gets_a_true_summary(
     tmp_path: Path,
@@ -334,13 +385,7 @@ def test_a_users_own_ddp_script_that_prints_nothing_of_ours_gets_a_true_summary(
             "python", "/opt/user-script/multinode.py", "40", "1",
             "--snapshot-path", "/checkpoints/snapshot.pt", "--epoch-seconds", "1",
         ],
-        sets=[
-            "worker.extraVolumes[0].name=user-script",
-            f"worker.extraVolumes[0].hostPath.path={USER_SCRIPT_DIR}",
-            "worker.extraVolumeMounts[0].name=user-script",
-            "worker.extraVolumeMounts[0].mountPath=/opt/user-script",
-            "worker.extraVolumeMounts[0].readOnly=true",
-        ],
+        sets=USER_SCRIPT_SETS,
         timeout=360,
     )  # fmt: skip
     s = run.summary

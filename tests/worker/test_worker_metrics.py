@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 from elastic_worker import config, follow, launch
+from elastic_worker.attempt import Attempt, parse_attempt, process_alive
 from elastic_worker.metrics import (
     STATES,
-    Attempt,
     Identity,
     JobMetrics,
     Tracker,
-    parse_attempt,
     parse_progress,
     serve,
 )
@@ -337,10 +336,10 @@ def test_the_follower_sees_an_attempts_process_end_and_reads_partial_lines(tmp_p
 
 def test_a_zombie_has_ended() -> None:
     proc = subprocess.Popen(["true"])
-    wait_until("true to exit", lambda: not follow.process_alive(proc.pid), timeout=10)
+    wait_until("true to exit", lambda: not process_alive(proc.pid), timeout=10)
     assert Path(f"/proc/{proc.pid}").exists()  # not yet reaped: a zombie
     proc.wait()
-    assert follow.process_alive(os.getpid())
+    assert process_alive(os.getpid())
 
 
 def free_port() -> int:
@@ -503,16 +502,27 @@ def test_a_pod_waiting_while_the_round_is_full_is_a_spare(
     assert v["elastic_job_rendezvous_round"] == 0
 
 
-def test_metrics_off_sets_no_files_for_torchrun(etcd: EtcdServer, tmp_path: Path) -> None:
-    """ELASTIC_METRICS unset: no port, and the program sees neither file variable."""
+@pytest.mark.parametrize("loss_detection", ["false", "true"])
+def test_metrics_off_sets_no_files_for_torchrun(
+    etcd: EtcdServer, tmp_path: Path, loss_detection: str
+) -> None:
+    """ELASTIC_METRICS unset: no port, no progress file; the attempt log only when the
+    round liveness (ELASTIC_LOSS_DETECTION) reads it."""
     out = tmp_path / "env"
     code = f"import os; open({str(out)!r}, 'w').write(repr(sorted(os.environ)))"
-    env = worker_env(etcd.endpoint, "metrics-off", ELASTIC_MIN_NODES="1", ELASTIC_MAX_NODES="1")
+    env = worker_env(
+        etcd.endpoint,
+        "metrics-off",
+        ELASTIC_MIN_NODES="1",
+        ELASTIC_MAX_NODES="1",
+        ELASTIC_LOSS_DETECTION=loss_detection,
+    )
     agent = Agent.start("w0", ["python", "-c", code], env, tmp_path / "w0.log")
     try:
         assert agent.wait(120) == 0, agent.text()
     finally:
         agent.kill()
     names = out.read_text()
-    assert "ELASTIC_ATTEMPT_LOG" not in names and "ELASTIC_PROGRESS_FILE" not in names
+    assert ("ELASTIC_ATTEMPT_LOG" in names) is (loss_detection == "true")
+    assert "ELASTIC_PROGRESS_FILE" not in names
     assert "metrics on port" not in agent.text()

@@ -149,6 +149,7 @@ class Config:
     pod_name: str
     group: str
     metrics: bool
+    loss_detection: bool
     metrics_port: int
     events: bool
     pod_namespace: str
@@ -395,12 +396,13 @@ def load(
         pod_name=pod_name,
         group=text(env, "ELASTIC_GROUP"),
         metrics=_bool(env, "ELASTIC_METRICS"),
+        loss_detection=_bool(env, "ELASTIC_LOSS_DETECTION"),
         metrics_port=_port(env, "ELASTIC_METRICS_PORT"),
         events=_bool(env, "ELASTIC_EVENTS"),
         pod_namespace=text(env, "POD_NAMESPACE"),
         pod_uid=text(env, "POD_UID"),
         node_name=text(env, "NODE_NAME"),
-        node_info=tuple((label, env.get(var, "").strip()) for label, var in NODE_INFO),
+        node_info=tuple((label, text(env, var)) for label, var in NODE_INFO),
         pod_ip=text(env, "POD_IP"),
         local_addr=text(env, "ELASTIC_LOCAL_ADDR"),
         nccl_socket_ifname=text(env, "NCCL_SOCKET_IFNAME"),

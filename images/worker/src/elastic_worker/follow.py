@@ -18,45 +18,14 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from elastic_worker.metrics import Tracker, parse_attempt, parse_progress
+from elastic_worker.attempt import ATTEMPT_LOG_ENV, Tail, parse_attempt, process_alive
+from elastic_worker.metrics import Tracker, parse_progress
 
 logger = logging.getLogger(__name__)
 
-ATTEMPT_LOG_ENV = "ELASTIC_ATTEMPT_LOG"
 PROGRESS_FILE_ENV = "ELASTIC_PROGRESS_FILE"
 INTERVAL = 0.5  # seconds between reads; a re-form takes seconds (docs/recovery.md)
 MEMBERS_EVERY = 10  # intervals between counts of the registered members
-
-
-def process_alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie, not yet reaped by torchrun, has ended)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # The state is the first field after the parenthesised command, which may hold spaces.
-    return stat[stat.rfind(")") + 2 :][:1] not in {"Z", "X", ""}
-
-
-class _Tail:
-    """The complete lines appended to a file since the last call."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def lines(self) -> list[str]:
-        try:
-            with self.path.open("rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        chunks = (self.partial + data).split(b"\n")
-        self.partial = chunks.pop()
-        return [c.decode("utf-8", "replace") for c in chunks]
 
 
 class Follower:
@@ -74,8 +43,8 @@ class Follower:
         self.dir = Path(tempfile.mkdtemp(prefix="elastic-worker-"))
         self.attempt_log = self.dir / "attempts"
         self.progress_file = self.dir / "progress"
-        self._attempts = _Tail(self.attempt_log)
-        self._progress = _Tail(self.progress_file)
+        self._attempts = Tail(self.attempt_log)
+        self._progress = Tail(self.progress_file)
         self._pid: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -30,6 +30,7 @@ from elastic_worker import (
     exits,
     gate,
     launch,
+    liveness,
     memlock,
     netif,
 )
@@ -312,6 +313,7 @@ def _train(
     env, added = launch.build_env(cfg, ready.choice, os.environ)
     logger.info("environment: %s", " ".join(f"{k}={v}" for k, v in sorted(added.items())))
     follower = _start_follower(tracker, ready, env) if tracker is not None else None
+    watch = liveness.start(client, cfg, env) if cfg.loss_detection else None
     if ready.registration is not None:
         ready.registration.start()
     try:
@@ -322,6 +324,8 @@ def _train(
     finally:
         if follower is not None:
             follower.stop()
+        if watch is not None:
+            watch.stop()
         if ready.registration is not None:
             ready.registration.stop()
 

@@ -27,6 +27,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import start_http_server
 
+from elastic_worker.attempt import Attempt
+
 LABELS = ("job", "group", "pod")
 STATES = ("gating", "waiting_rendezvous", "training", "spare", "completed", "failed")
 # Re-form durations: the measured floor is ~5 s (docs/recovery.md); torch's defaults
@@ -162,39 +164,6 @@ def serve(metrics: JobMetrics, port: int, addr: str | None = None) -> WSGIServer
     except OSError:
         server, _thread = start_http_server(port, addr="0.0.0.0", registry=metrics.registry)
     return server
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One attempt line (docs/contracts.md), as the shim appends it to ELASTIC_ATTEMPT_LOG."""
-
-    run_id: str
-    restart: int
-    group_rank: int
-    nodes: int
-    world_size: int
-    pid: int
-
-
-ATTEMPT_PREFIX = "[elastic-worker] attempt "
-
-
-def parse_attempt(line: str) -> Attempt | None:
-    """The fields of an attempt line; None for anything else (a torn or foreign line)."""
-    if not line.startswith(ATTEMPT_PREFIX):
-        return None
-    fields = dict(part.split("=", 1) for part in line[len(ATTEMPT_PREFIX) :].split() if "=" in part)
-    try:
-        return Attempt(
-            run_id=fields["run_id"],
-            restart=int(fields["restart"]),
-            group_rank=int(fields["group_rank"]),
-            nodes=int(fields["nodes"]),
-            world_size=int(fields["world_size"]),
-            pid=int(fields["pid"]),
-        )
-    except (KeyError, ValueError):
-        return None
 
 
 def parse_progress(line: str) -> int | None:
