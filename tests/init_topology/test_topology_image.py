@@ -28,8 +28,10 @@ def test_dockerfile_is_hadolint_clean() -> None:
 
 def test_dockerfile_pins_its_base_runs_as_65532_and_needs_no_writable_root() -> None:
     text = (IMAGE / "Dockerfile").read_text()
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.MULTILINE)
+    assert base and re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", base.group(1))
     bases = re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE)
-    assert bases and all(re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", b) for b in bases)
+    assert bases and all(b == "${BASE_IMAGE}" for b in bases)  # one base, overridable
     assert re.search(r"^USER 65532:65532$", text, re.MULTILINE)
     assert "PYTHONDONTWRITEBYTECODE=1" in text
     assert re.search(r'^ENTRYPOINT \["init-topology"\]$', text, re.MULTILINE)

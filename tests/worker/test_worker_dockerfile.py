@@ -39,5 +39,5 @@ def test_entrypoint_is_the_console_script_and_the_user_is_not_root() -> None:
 def test_the_reference_script_is_installed_where_the_contract_says() -> None:
     text = DOCKERFILE.read_text()
     assert "WORKDIR /opt/elastic-worker" in text
-    assert "COPY examples ./examples" in text  # -> /opt/elastic-worker/examples/train.py
+    assert "COPY images/worker/examples ./examples" in text  # -> .../examples/train.py
     assert (ROOT / "images/worker/examples/train.py").is_file()
