@@ -1,0 +1,128 @@
+"""The two images, built by scripts/build-images and run as the chart runs them: init-topology
+against the fake API server writes /etc/inject/env; the worker trains a one-node job
+against a real etcd. Needs podman and stand-in bases (no registry can be pulled here):
+scripts/test-images makes them and runs this module; the default test command skips it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from testlib import ROOT, start_etcd
+
+from localrun.cluster.apiserver import FakeApiServer
+from localrun.cluster.nodes import load_nodes
+
+INIT_BASE = os.environ.get("ELASTIC_INIT_BASE", "")
+WORKER_BASE = os.environ.get("ELASTIC_WORKER_BASE", "")
+TAG = "images-test"
+PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager=cgroupfs"]
+
+pytestmark = pytest.mark.skipif(
+    not (INIT_BASE and WORKER_BASE),
+    reason="builds and runs the images: scripts/test-images (podman, stand-in bases)",
+)
+
+
+def build(image: str, base_flag: str, base: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "build-images"), "--engine", "podman",
+         "--only", image, base_flag, base, "--tag", TAG],
+        capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return f"ghcr.io/elastic-job/{image}:{TAG}"
+
+
+def run(
+    image: str,
+    *args: str,
+    env: dict[str, str],
+    mounts: list[str],
+    entrypoint: str | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """As the chart's securityContext runs it: its own uid, no capabilities, no privilege
+    escalation, read-only root; the host network stands in for the pod network."""
+    argv = [*PODMAN, "run", "--rm", "--network=host", "--read-only", "--cap-drop=ALL",
+            "--security-opt=no-new-privileges", "--tmpfs=/tmp"]  # fmt: skip
+    for key, value in env.items():
+        argv += ["-e", f"{key}={value}"]
+    for mount in mounts:
+        argv += ["-v", mount]
+    if entrypoint:
+        argv += ["--entrypoint", entrypoint]
+    return subprocess.run(
+        [*argv, image, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def labels(image: str) -> dict[str, str]:
+    out = subprocess.run(
+        [*PODMAN, "image", "inspect", image], capture_output=True, text=True, check=True
+    ).stdout
+    return dict(json.loads(out)[0]["Labels"] or {})
+
+
+def test_init_topology_writes_the_nodes_topology_from_the_api(tmp_path: Path) -> None:
+    image = build("init-topology", "--init-base", INIT_BASE)
+    assert (
+        labels(image)["org.opencontainers.image.version"] == (ROOT / "VERSION").read_text().strip()
+    )
+    out = tmp_path / "inject"
+    out.mkdir()
+    out.chmod(0o777)  # the container's uid 65532 writes here, as into the emptyDir
+    nodes = load_nodes("all")
+    node = next(name for name in nodes if "spot" in name and "gke" in name)
+    with FakeApiServer(nodes, workdir=tmp_path / "api") as api:
+        sa = api.serviceaccount_dir
+        for path in (sa, *sa.iterdir()):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        done = run(
+            image,
+            env={**api.env(), "NODE_NAME": node},
+            mounts=[f"{sa}:/var/run/secrets/kubernetes.io/serviceaccount:ro", f"{out}:/etc/inject"],
+        )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warn" not in done.stderr.lower(), done.stderr  # it read its Node over HTTPS
+    env = (out / "env").read_text()
+    assert "NODE_CAPACITY_TYPE='spot'" in env, env
+    assert "NODE_GPU_MODEL='" in env and "NODE_TOPOLOGY_SOURCE='api'" in env, env
+
+
+def test_the_worker_image_trains_a_one_node_job_and_has_the_v3_backend(tmp_path: Path) -> None:
+    image = build("worker", "--worker-base", WORKER_BASE)
+    etcd = start_etcd(tmp_path / "etcd")
+    try:
+        done = run(
+            image,
+            "python", "/opt/elastic-worker/examples/train.py", "--steps", "3",
+            "--checkpoint-dir", "/tmp/ckpt",
+            env={
+                "ELASTIC_JOB_ID": "image-test",
+                "ELASTIC_RDZV_ENDPOINT": etcd.endpoint,
+                "ELASTIC_MIN_NODES": "1",
+                "ELASTIC_MAX_NODES": "1",
+                "ELASTIC_INJECT_ENV": "/nonexistent/inject/env",
+                "ELASTIC_LOCAL_ADDR": "127.0.0.1",
+                "GLOO_SOCKET_IFNAME": "lo",
+                "POD_NAME": "image-test-0",
+            },
+            mounts=[],
+        )  # fmt: skip
+    finally:
+        etcd.stop()
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "[train] done" in done.stdout + done.stderr
+    handlers = run(
+        image, "-c",
+        "from importlib.metadata import entry_points; "
+        "print(sorted(e.name for e in entry_points(group='torchrun.handlers')))",
+        env={}, mounts=[], entrypoint="python",
+    )  # fmt: skip
+    assert handlers.returncode == 0, handlers.stderr
+    assert "etcd-v3" in handlers.stdout, handlers.stdout
