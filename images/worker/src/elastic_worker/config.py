@@ -54,6 +54,9 @@ _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off", ""}
 
 
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
 class ConfigError(ValueError):
     """A setting is missing or malformed; the message is the one line to print."""
 
@@ -150,6 +153,8 @@ class Config:
     group: str
     metrics: bool
     loss_detection: bool
+    warm_start: bool
+    warm_preload: tuple[str, ...]
     metrics_port: int
     events: bool
     pod_namespace: str
@@ -359,6 +364,13 @@ def load(
             "raise the maximum or lower the minimum"
         )
     statefulsets = _list(env, "ELASTIC_STATEFULSETS")
+    preload = _list(env, "ELASTIC_WARM_PRELOAD")
+    for module in preload:
+        if not _MODULE.fullmatch(module):
+            raise ConfigError(
+                f"ELASTIC_WARM_PRELOAD has {module!r}, not a Python module name: list "
+                "importable modules separated by commas, e.g. torch,torchvision"
+            )
     for name in statefulsets:
         if not _NAME.fullmatch(name):
             raise ConfigError(f"ELASTIC_STATEFULSETS: {name!r} is not a Kubernetes name")
@@ -397,6 +409,8 @@ def load(
         group=text(env, "ELASTIC_GROUP"),
         metrics=_bool(env, "ELASTIC_METRICS"),
         loss_detection=_bool(env, "ELASTIC_LOSS_DETECTION"),
+        warm_start=_bool(env, "ELASTIC_WARM_START"),
+        warm_preload=preload,
         metrics_port=_port(env, "ELASTIC_METRICS_PORT"),
         events=_bool(env, "ELASTIC_EVENTS"),
         pod_namespace=text(env, "POD_NAMESPACE"),

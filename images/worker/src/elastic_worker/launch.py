@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from elastic_worker import completion, etcdv2, exits
+from elastic_worker import completion, etcdv2, exits, warm
 from elastic_worker.config import Config
 from elastic_worker.netif import Choice
 
@@ -102,10 +102,16 @@ def attempt_script(pwd: str | None) -> str:
     return ATTEMPT_LINE + restore + 'exec "$@"'
 
 
-def command_args(command: Sequence[str], python: str, pwd: str | None = None) -> list[str]:
-    """torchrun's trailing arguments: the attempt shim in front of the program."""
+def command_args(
+    command: Sequence[str], python: str, pwd: str | None = None, warm_socket: str | None = None
+) -> list[str]:
+    """torchrun's trailing arguments: the attempt shim in front of the program, started
+    warm through `warm_socket` when given and the program is a python one (warm.py)."""
     shim = ["sh", "-c", attempt_script(pwd), ATTEMPT_ARGV0]
-    return ["--no-python", *shim, *program_argv(command, python)]
+    program = program_argv(command, python)
+    if warm_socket is not None:
+        program = warm.warm_command(program, python, warm_socket) or program
+    return ["--no-python", *shim, *program]
 
 
 def rdzv_conf_arg(pairs: Sequence[tuple[str, str]]) -> str:
@@ -134,9 +140,11 @@ def build_argv(
     *,
     rdzv_id: str | None = None,
     pwd: str | None = None,
+    warm_socket: str | None = None,
 ) -> list[str]:
     """torchrun's command line; `rdzv_id` defaults to the job id (epoch 0, epoch.py),
-    `pwd` is PWD in torchrun's environment (attempt_script)."""
+    `pwd` is PWD in torchrun's environment (attempt_script), `warm_socket` the warm
+    server's (warm.py), if one runs."""
     argv = [
         python,
         "-m",
@@ -153,7 +161,7 @@ def build_argv(
         argv.append(f"--rdzv-conf={rdzv_conf_arg(config.rdzv_conf)}")
     if local_addr:
         argv.append(f"--local-addr={local_addr}")
-    return argv + command_args(config.command, python, pwd)
+    return argv + command_args(config.command, python, pwd, warm_socket)
 
 
 def build_env(

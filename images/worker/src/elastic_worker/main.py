@@ -33,6 +33,7 @@ from elastic_worker import (
     liveness,
     memlock,
     netif,
+    warm,
 )
 
 if TYPE_CHECKING:  # imported when on (_metrics): prometheus-client is needed only then
@@ -314,20 +315,49 @@ def _train(
     logger.info("environment: %s", " ".join(f"{k}={v}" for k, v in sorted(added.items())))
     follower = _start_follower(tracker, ready, env) if tracker is not None else None
     watch = liveness.start(client, cfg, env) if cfg.loss_detection else None
+    server = _start_warm(cfg, env)
     if ready.registration is not None:
         ready.registration.start()
     try:
-        return _epochs(cfg, client, ready, relay, env=env, tracker=tracker, recorder=recorder)
+        return _epochs(
+            cfg,
+            client,
+            ready,
+            relay,
+            env=env,
+            tracker=tracker,
+            recorder=recorder,
+            warm_socket=server.socket_path if server is not None else None,
+        )
     except etcdv2.EtcdError as exc:
         logger.error("etcd at %s failed: %s", cfg.endpoint, exc)
         return exits.GATE_TIMEOUT
     finally:
+        if server is not None:
+            server.stop()
         if follower is not None:
             follower.stop()
         if watch is not None:
             watch.stop()
         if ready.registration is not None:
             ready.registration.stop()
+
+
+def _start_warm(cfg: config.Config, env: dict[str, str]) -> warm.Handle | None:
+    """The warm server, when on and the command is one it can start (warm.py)."""
+    if not cfg.warm_start:
+        return None
+    program = launch.program_argv(cfg.command, sys.executable)
+    if warm.warm_command(program, sys.executable, "-") is None:
+        logger.info("warm start: off for %s (not a python script or -m module)", program[0])
+        return None
+    server = warm.start(sys.executable, cfg.warm_preload, env)
+    logger.info(
+        "warm start: each training process forks from a server with %s imported "
+        "(job.warmStart.enabled=false turns this off)",
+        ", ".join(cfg.warm_preload) or "nothing",
+    )
+    return server
 
 
 def _epochs(
@@ -339,6 +369,7 @@ def _epochs(
     env: dict[str, str],
     tracker: metrics.Tracker | None,
     recorder: events.Recorder | None = None,
+    warm_socket: str | None = None,
 ) -> int:
     """torchrun in the current epoch; again in the next while torch closed it early."""
     epoch_now = epoch.current(client, cfg)
@@ -347,7 +378,9 @@ def _epochs(
         if relay.stop.is_set():
             return exits.signalled(signal.SIGTERM)
         rdzv_id = epoch.run_id(cfg, epoch_now)
-        torchrun = launch.build_argv(cfg, ready.local_addr, rdzv_id=rdzv_id, pwd=env.get("PWD"))
+        torchrun = launch.build_argv(
+            cfg, ready.local_addr, rdzv_id=rdzv_id, pwd=env.get("PWD"), warm_socket=warm_socket
+        )
         logger.info("starting: %s", shlex.join(torchrun))
         relay.supervisor = supervisor = launch.Supervisor(torchrun, env, cfg, client)
         if tracker is not None:

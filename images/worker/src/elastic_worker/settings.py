@@ -139,6 +139,24 @@ SETTINGS: tuple[Setting, ...] = (
         "its key under /elastic-job/<id>/rounds/ (a silent loss), so that torchrun re-forms",
     ),
     Setting(
+        "ELASTIC_WARM_START",
+        Kind.BOOL,
+        "true",
+        Source.VALUE,
+        "job.warmStart.enabled",
+        "start each training process from a server that has imported ELASTIC_WARM_PRELOAD "
+        "(a fork; docs/recovery.md, Warm starts) instead of a new interpreter; only for a "
+        "python script or -m module command",
+    ),
+    Setting(
+        "ELASTIC_WARM_PRELOAD",
+        Kind.NAMES,
+        "torch",
+        Source.VALUE,
+        "job.warmStart.preload",
+        "modules the warm server imports before it forks (none may initialise CUDA)",
+    ),
+    Setting(
         "ELASTIC_GATE_TIMEOUT",
         Kind.SECONDS,
         "600",
