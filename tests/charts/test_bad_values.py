@@ -52,6 +52,11 @@ CASES = [
         "rendezvous.extraConf.timeot",
         ("rendezvous.extraConf.timeot=5",),
     ),
+    Bad(
+        "warm-preload-not-a-module",
+        "job.warmStart.preload.0",
+        values="job:\n  warmStart:\n    preload: [torch vision]\n",
+    ),
     Bad("command-empty", "job.command", values="job:\n  command: []\n"),
     Bad(
         "command-program-empty",

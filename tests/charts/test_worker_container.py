@@ -219,6 +219,18 @@ def test_nodes_processes_restarts_and_monitor_interval() -> None:
     assert env["ELASTIC_MONITOR_INTERVAL"] == "0.25"
 
 
+def test_warm_start_settings_reach_the_worker() -> None:
+    """job.warmStart: on by default with torch preloaded; off and the preload list as set."""
+    default = worker_env()
+    assert (default["ELASTIC_WARM_START"], default["ELASTIC_WARM_PRELOAD"]) == ("true", "torch")
+    env = worker_env(
+        sets=["job.warmStart.enabled=false"],
+        extra=["--set-json", 'job.warmStart.preload=["torch","torchvision.models"]'],
+    )
+    assert env["ELASTIC_WARM_START"] == "false"
+    assert env["ELASTIC_WARM_PRELOAD"] == "torch,torchvision.models"
+
+
 def test_gate_and_mesh_settings() -> None:
     """gate.timeoutSeconds/peers and mesh.interfaces/required as strings."""
     env = worker_env(

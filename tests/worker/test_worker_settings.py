@@ -66,8 +66,15 @@ def _environ_reads() -> Iterator[tuple[str, int]]:
 
 
 def test_only_config_reads_settings_from_os_environ() -> None:
-    """main.py passes os.environ on as torchrun's environment; nothing else touches it."""
-    assert sorted({name for name, _ in _environ_reads()}) == ["config.py", "main.py"]
+    """main.py passes os.environ on as torchrun's environment; the warm start carries a
+    training process's environment whole (warmstart.py sends it, warm.py installs it) and
+    reads no setting from it; nothing else touches it."""
+    carriers = ["warm.py", "warmstart.py"]
+    assert sorted({name for name, _ in _environ_reads()}) == ["config.py", "main.py", *carriers]
+    for name in carriers:
+        tree = ast.parse((SRC / name).read_text())
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+        assert not set(BY_NAME) & strings, name
     main_uses = [line for name, line in _environ_reads() if name == "main.py"]
     assert len(main_uses) == 1
     line = (SRC / "main.py").read_text().splitlines()[main_uses[0] - 1]
