@@ -57,8 +57,8 @@ class Setting:
 # Rendezvous settings the chart writes from `rendezvous.*` (docs/recovery.md explains
 # each value and how it was measured); keys the chart does not set fall back to these.
 RDZV_CONF_DEFAULT = (
-    "join_timeout=600,last_call_timeout=2,close_timeout=10,"
-    "keep_alive_interval=1,keep_alive_max_attempt=3,heartbeat_timeout=5"
+    "join_timeout=600,last_call_timeout=1,close_timeout=10,"
+    "keep_alive_interval=1,keep_alive_max_attempt=2,heartbeat_timeout=5"
 )
 SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
