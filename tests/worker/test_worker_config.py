@@ -38,10 +38,10 @@ def test_defaults_fill_everything_the_chart_may_leave_out() -> None:
     assert cfg.max_restarts == 20
     assert dict(cfg.rdzv_conf) == {
         "join_timeout": "600",
-        "last_call_timeout": "2",
+        "last_call_timeout": "1",
         "close_timeout": "10",
         "keep_alive_interval": "1",
-        "keep_alive_max_attempt": "3",
+        "keep_alive_max_attempt": "2",
         "heartbeat_timeout": "5",
     }
     assert cfg.monitor_interval == 0.5
