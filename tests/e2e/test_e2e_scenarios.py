@@ -175,7 +175,7 @@ def test_partition_survivors_reform_within_the_timeouts_and_the_pod_rejoins(
     # training script (train.py --pg-timeout, env TRAIN_PG_TIMEOUT, 60 s by default, 15 s
     # here through the chart's worker.env), then their agents re-rendezvous
     # (rendezvous.lastCallTimeout 1 s; the lost node's keep-alive lapses after
-    # keepAliveInterval * keepAliveMaxAttempt = 2 s) and start new workers. So the bound
+    # keepAliveInterval * keepAliveMaxAttempt = 3 s) and start new workers. So the bound
     # is PG timeout + rendezvous + worker start-up; asserted here with generous slack.
     # The round liveness (rendezvous.lossDetection) is off here: this is the path without
     # it (the next scenario has it on, with a script that sets no timeout).

@@ -41,7 +41,7 @@ def test_defaults_fill_everything_the_chart_may_leave_out() -> None:
         "last_call_timeout": "1",
         "close_timeout": "10",
         "keep_alive_interval": "1",
-        "keep_alive_max_attempt": "2",
+        "keep_alive_max_attempt": "3",
         "heartbeat_timeout": "5",
     }
     assert cfg.monitor_interval == 0.5

@@ -58,7 +58,7 @@ class Setting:
 # each value and how it was measured); keys the chart does not set fall back to these.
 RDZV_CONF_DEFAULT = (
     "join_timeout=600,last_call_timeout=1,close_timeout=10,"
-    "keep_alive_interval=1,keep_alive_max_attempt=2,heartbeat_timeout=5"
+    "keep_alive_interval=1,keep_alive_max_attempt=3,heartbeat_timeout=5"
 )
 SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 

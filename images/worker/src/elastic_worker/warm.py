@@ -135,7 +135,9 @@ class Server:
     def _stop(self, signum: int, frame: object) -> None:
         for pid in self.children:
             self._kill(pid)
-        raise SystemExit(0)
+        # Not SystemExit: the signal may come during interpreter teardown (torch's
+        # finalizers), and there is nothing of the server's own to flush.
+        os._exit(0)
 
     @staticmethod
     def _kill(pid: int) -> None:
