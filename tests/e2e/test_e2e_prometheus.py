@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
@@ -82,8 +83,11 @@ class Running:
     def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query's vector: [{metric: {...}, value: [t, "v"]}, ...]."""
         q = urllib.parse.urlencode({"query": expr})
-        with urllib.request.urlopen(f"{self.url}/api/v1/query?{q}", timeout=5) as r:
-            body = json.load(r)
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v1/query?{q}", timeout=5) as r:
+                body = json.load(r)
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"{expr}: {exc.read().decode(errors='replace')}") from None
         assert body["status"] == "success", (expr, body)
         result: list[dict[str, Any]] = body["data"]["result"]
         return result
@@ -117,7 +121,8 @@ def dashboard_queries(job: str) -> list[tuple[str, str]]:
     """(panel title, expr) of every target of the dashboard, its variables substituted as
     Grafana would for a 10-minute view of one job."""
     panels = json.loads(DASHBOARD.read_text())["panels"]
-    subst = {"$job": re.escape(job), "$__range": "10m", "$__rate_interval": "1m"}
+    # A job id is a DNS label: no regex metacharacters to escape.
+    subst = {"$job": job, "$__range": "10m", "$__rate_interval": "1m"}
     out = []
     for p in panels:
         for t in p.get("targets") or []:
@@ -149,8 +154,9 @@ def test_prometheus_shows_the_sigkill_reform_every_dashboard_query_and_fires_bel
     # The first re-form, seen by the survivors: one observation each (read before the
     # rejoin of pod 1 adds a second).
     once = f"(elastic_job_reforms_total{{{sel}}} == 1)"
+    observed = f"(elastic_job_reform_first_step_seconds_count{{{sel}}} == 1) and on (pod) {once}"
     first_step = run.wait(
-        lambda: run.values(f"elastic_job_reform_first_step_seconds_sum and on (pod) {once}"),
+        lambda: run.values(f"elastic_job_reform_first_step_seconds_sum and on (pod) {observed}"),
         120,
         "re-form observed in elastic_job_reform_first_step_seconds",
     )
