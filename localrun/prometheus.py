@@ -180,12 +180,28 @@ def targets(ep: ScrapeEndpoint, pods: Iterable[PodView]) -> list[Obj]:
     return groups
 
 
-def config(endpoints: Iterable[ScrapeEndpoint], targets_dir: Path, rules_file: Path) -> Obj:
-    """prometheus.yml: one scrape job per endpoint, its targets from a file_sd file."""
+def config(
+    endpoints: Iterable[ScrapeEndpoint],
+    targets_dir: Path,
+    rules_file: Path,
+    static: Mapping[str, str] | None = None,
+) -> Obj:
+    """prometheus.yml: one scrape job per endpoint, its targets from a file_sd file; one per
+    `static` entry (job name -> address, e.g. the kube-state-metrics stand-in), honorLabels."""
+    fixed = [
+        {
+            "job_name": job,
+            "honor_labels": True,
+            "scrape_interval": EVALUATION_INTERVAL,
+            "static_configs": [{"targets": [address]}],
+        }
+        for job, address in sorted((static or {}).items())
+    ]
     return {
         "global": {"evaluation_interval": EVALUATION_INTERVAL},
         "rule_files": [str(rules_file)],
-        "scrape_configs": [
+        "scrape_configs": fixed
+        + [
             {
                 "job_name": ep.scrape_job,
                 "honor_labels": ep.honor_labels,
@@ -223,8 +239,10 @@ class Prometheus:
         directory: Path,
         endpoints: list[ScrapeEndpoint],
         groups: list[Obj],
+        *,
         host: str = "127.0.0.1",
         binary: str | None = None,
+        static: Mapping[str, str] | None = None,
     ) -> None:
         found = binary or shutil.which("prometheus")
         if found is None:
@@ -242,6 +260,7 @@ class Prometheus:
         self.endpoints = endpoints
         self.groups = groups
         self.host = host
+        self.static = dict(static or {})
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self._written: dict[str, list[Obj]] = {}
@@ -258,7 +277,7 @@ class Prometheus:
         for ep in self.endpoints:
             self._write(ep, [])
         cfg = d / "prometheus.yml"
-        cfg.write_text(yaml.safe_dump(config(self.endpoints, d / "targets", rules)))
+        cfg.write_text(yaml.safe_dump(config(self.endpoints, d / "targets", rules, self.static)))
         self.port = _free_port(self.host)
         argv = [
             self.binary,

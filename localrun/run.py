@@ -48,6 +48,7 @@ from localrun.faults import Fault, Injector
 from localrun.host.mountpoints import Mountpoints
 from localrun.host.network import LoopbackNetwork, Network, NetworkError
 from localrun.host.runtime import HostRuntime
+from localrun.kubestate import KubeState
 from localrun.render import ROOT, Rendered, RenderError, render
 from localrun.state import RunState
 from localrun.view import Progress, summary_text
@@ -115,6 +116,7 @@ class Runner:
         self.mountpoints = Mountpoints()
         self.client_tls: chart.ClientTls | None = None
         self.prometheus: prometheus.Prometheus | None = None
+        self.kubestate: KubeState | None = None
         self._incarnations: dict[str, int] = {}
         self._published: dict[str, dict[str, Any]] = {}  # pods as last served, by name
         _remove_stale_workdirs()
@@ -184,7 +186,7 @@ class Runner:
         self.api = self._api_server(rendered, nodes, self.network.host_ip)
         self.cluster = self._cluster(rendered, nodes, self.network, self.api)
         if cfg.prometheus:
-            self.prometheus = self._prometheus(rendered)
+            self.prometheus = self._prometheus(rendered, nodes)
         self.injector = Injector(
             cfg.faults,
             self.cluster,
@@ -218,19 +220,22 @@ class Runner:
             self.event(f"certificate issued: Secret {name}")
         self.client_tls = chart.ClientTls(ca.crt, own.crt, own.key)
 
-    def _prometheus(self, rendered: Rendered) -> prometheus.Prometheus:
-        """Debian's prometheus on 127.0.0.1, scraping the pods over the run's bridge."""
+    def _prometheus(self, rendered: Rendered, nodes: dict[str, Any]) -> prometheus.Prometheus:
+        """Debian's prometheus on 127.0.0.1, scraping the pods over the run's bridge, and
+        a kube-state-metrics stand-in for the pods and Nodes the API server serves."""
         if isinstance(self.network, LoopbackNetwork):
             raise SetupError(
                 "--prometheus needs network namespaces (run as root, without --loopback): "
                 "without them every pod would serve its metrics on this machine's one port",
                 EXIT_USAGE,
             )
+        self.kubestate = KubeState(nodes)
         try:
             prom = prometheus.Prometheus(
                 self.outdir / "prometheus",
                 prometheus.scrape_endpoints(rendered.objects),
                 prometheus.rule_groups(rendered.objects),
+                static={"kube-state-metrics": self.kubestate.start()},
             )
             self.prometheus = prom  # stopped at the end even if it fails to get ready
             prom.start()
@@ -367,6 +372,8 @@ class Runner:
         if self.prometheus is not None:
             # Pod discovery as a PodMonitor's: the pods as the API server serves them.
             self.prometheus.update([prometheus.pod_view(p) for p in pods])
+        if self.kubestate is not None:
+            self.kubestate.update(pods)
         # Read by the API server's threads: replaced whole, never changed in place.
         self._incarnations = {p.name: p.incarnation for p in self.cluster.pods()}
 
@@ -527,6 +534,12 @@ class Runner:
             self.event(f"the API server{also} stay up {self.cfg.linger:g}s (--linger)")
             time.sleep(self.cfg.linger)
 
+    def _stop_monitoring(self) -> None:
+        for part in (self.prometheus, self.kubestate):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    part.stop()
+
     def _cleanup(self) -> None:
         if self.cluster is not None:
             with contextlib.suppress(Exception):
@@ -558,9 +571,7 @@ class Runner:
         if self.api is not None:
             with contextlib.suppress(Exception):
                 self.api.stop()
-        if self.prometheus is not None:
-            with contextlib.suppress(Exception):
-                self.prometheus.stop()
+        self._stop_monitoring()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _write_summary(self) -> None:

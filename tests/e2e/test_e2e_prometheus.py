@@ -237,4 +237,6 @@ def test_prometheus_fires_the_restart_storm_alert_for_a_script_that_keeps_failin
         assert a["labels"]["pod"] in {pod(0), pod(1), pod(2)}, firing
         assert a["labels"]["severity"] == "warning", firing
         assert float(a["value"]) > 2, firing
+        # the node, from kube_pod_info of the run's kube-state-metrics stand-in
+        assert a["labels"]["node"] == done.summary["pods"][a["labels"]["pod"]]["node"], firing
     assert done.summary["completed"] is False, done.describe()

@@ -13,9 +13,12 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from localrun import prometheus
 from localrun.cli import UsageError, build_parser, config_from_args
+from localrun.cluster.nodes import load_nodes
+from localrun.kubestate import KubeState
 from localrun.prometheus import PodView, Prometheus, PrometheusError
 from localrun.render import ROOT, Rendered, RenderError, render
 
@@ -201,3 +204,90 @@ def test_prometheus_with_loopback_is_a_usage_error() -> None:
         config_from_args(args)
     args = build_parser().parse_args(["run", "-f", __file__, "--prometheus"])
     assert config_from_args(args).prometheus is True
+
+
+# -- the kube-state-metrics stand-in -------------------------------------------------------
+
+GPU_NODE = "gke-train-a3-spot-pool-8f3c2a1b-x7k2"  # fixture gke-a3-h100-spot: 8 GPUs
+CPU_NODE = "local-system-0"
+
+
+def _pod_obj(name: str, node: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"uid-{name}",
+            "ownerReferences": [{"kind": "StatefulSet", "name": name.rsplit("-", 1)[0]}],
+        },
+        "spec": {"nodeName": node} if node else {},
+        "status": {"podIP": "198.18.0.9", "hostIP": "198.18.0.1"},
+    }
+
+
+def _kubestate() -> KubeState:
+    return KubeState(load_nodes(["gke-a3-h100-spot", "local-system-0"]))
+
+
+def test_kubestate_serves_pod_info_of_placed_pods_and_node_capacity_as_kube_state_metrics() -> None:
+    ks = _kubestate()
+    ks.update([_pod_obj("e2e-etcd-rendezvous-0", GPU_NODE), _pod_obj("pending-0", "")])
+    address = ks.start()
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    finally:
+        ks.stop()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    gpu = ("node", GPU_NODE), ("resource", "nvidia_com_gpu"), ("unit", "integer")
+    assert samples[("kube_node_status_capacity", tuple(sorted(gpu)))] == 8
+    cpu = ("node", CPU_NODE), ("resource", "cpu"), ("unit", "core")
+    cores = load_nodes([CPU_NODE])[CPU_NODE]["status"]["capacity"]["cpu"]
+    assert samples[("kube_node_status_capacity", tuple(sorted(cpu)))] == float(cores)
+    infos = [dict(k[1]) for k in samples if k[0] == "kube_pod_info"]
+    assert [(i["pod"], i["node"], i["created_by_kind"]) for i in infos] == [
+        ("e2e-etcd-rendezvous-0", GPU_NODE, "StatefulSet")
+    ]  # the pod on no node is not there
+
+
+@needs_prometheus
+def test_the_rendezvous_on_gpu_node_alert_fires_on_the_stand_ins_series_only_for_etcd(
+    tmp_path: Path,
+) -> None:
+    r = _render("monitoring.prometheusRule.rendezvousOnGpuNode.for=1s")
+    ks = _kubestate()
+    ks.update(
+        [
+            _pod_obj("e2e-etcd-rendezvous-0", GPU_NODE),
+            _pod_obj("e2e-elastic-job-default-0", GPU_NODE),  # a worker belongs there
+        ]
+    )
+    prom = Prometheus(
+        tmp_path / "prom",
+        prometheus.scrape_endpoints(r.objects),
+        prometheus.rule_groups(r.objects),
+        static={"kube-state-metrics": ks.start()},
+    )
+    try:
+        prom.start()
+
+        def firing() -> list[dict[str, Any]]:
+            with urllib.request.urlopen(f"{prom.url}/api/v1/alerts", timeout=5) as resp:
+                alerts: list[dict[str, Any]] = json.load(resp)["data"]["alerts"]
+            return [a for a in alerts if a["state"] == "firing"]
+
+        deadline = time.monotonic() + 30
+        while not firing() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        [alert] = firing()
+    finally:
+        prom.stop()
+        ks.stop()
+    assert alert["labels"]["alertname"] == "ElasticJobRendezvousOnGpuNode"
+    assert alert["labels"]["pod"] == "e2e-etcd-rendezvous-0"
+    assert alert["labels"]["node"] == GPU_NODE
+    assert float(alert["value"]) == 8
