@@ -16,12 +16,10 @@ the chart's PodMonitor says, evaluating the chart's own PrometheusRule.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -33,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from localrun.host import process
 
 log = logging.getLogger(__name__)
 
@@ -224,13 +224,6 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the runner dies, however it dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
 class Prometheus:
     """The `prometheus` binary for one run: config, rules and targets under `directory`."""
 
@@ -292,7 +285,8 @@ class Prometheus:
                 stdin=subprocess.DEVNULL,
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads run Python yet)
+                # Killed with the runner, even by SIGKILL, as its containers are.
+                preexec_fn=process._die_with(os.getpid()),  # noqa: PLW1509 - prctl, getppid
             )
         self._wait_ready()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -291,3 +292,30 @@ def test_the_rendezvous_on_gpu_node_alert_fires_on_the_stand_ins_series_only_for
     assert alert["labels"]["pod"] == "e2e-etcd-rendezvous-0"
     assert alert["labels"]["node"] == GPU_NODE
     assert float(alert["value"]) == 8
+
+
+@needs_prometheus
+def test_prometheus_dies_with_a_sigkilled_runner(tmp_path: Path) -> None:
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from localrun import prometheus\n"
+        "ep = prometheus.ScrapeEndpoint('default/x', ('default',), {}, 'metrics', '/metrics',"
+        " 'http', '1s', True)\n"
+        "p = prometheus.Prometheus(Path(sys.argv[1]), [ep], [])\n"
+        "p.start()\n"
+        "print(p.proc.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    runner = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert runner.stdout is not None
+    pid = int(runner.stdout.readline())
+    assert Path(f"/proc/{pid}").exists()
+    runner.kill()
+    runner.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists()
