@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -59,7 +59,7 @@ class Running:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        self.url = self.wait(self._url, 120, "the prometheus line")
+        self.url = ""
 
     def text(self) -> str:
         return self.output.read_text(errors="replace")
@@ -117,6 +117,25 @@ class Running:
         return finished(self.tmp_path, rc, self.text(), time.monotonic() - self.start)
 
 
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., Running]]:
+    """start(*args, **kwargs): a run with --prometheus, once Prometheus is up; a run the
+    test leaves running (a failed assertion) gets SIGTERM and cleans up."""
+    runs: list[Running] = []
+
+    def start_run(*args: str, **kwargs: Any) -> Running:
+        run = Running(tmp_path, *args, **kwargs)
+        runs.append(run)
+        run.url = run.wait(run._url, 120, "the prometheus line")
+        return run
+
+    yield start_run
+    for run in runs:
+        if run.proc.poll() is None:
+            run.proc.terminate()
+            run.proc.wait(timeout=60)
+
+
 def dashboard_queries(job: str) -> list[tuple[str, str]]:
     """(panel title, expr) of every target of the dashboard, its variables substituted as
     Grafana would for a 10-minute view of one job."""
@@ -136,13 +155,12 @@ def dashboard_queries(job: str) -> list[tuple[str, str]]:
 
 @pytest.mark.slow
 def test_prometheus_shows_the_sigkill_reform_every_dashboard_query_and_fires_below_min(
-    tmp_path: Path,
+    start: Callable[..., Running],
 ) -> None:
     # pod 1 is SIGKILLed at step 8 and stays down 15 s: pods 0 and 2 re-form at 2, pod 1
     # rejoins (3). At step 60 pods 1 and 2 are SIGKILLed for 40 s: pod 0 alone is below
     # job.minNodes (2) for longer than the alert's `for:` (10 s), then the job completes.
-    run = Running(
-        tmp_path,
+    run = start(
         f"--kill={pod(1)}@step=8:15",
         f"--kill={pod(1)}@step=60:40",
         f"--kill={pod(2)}@step=60:40",
@@ -212,13 +230,12 @@ def test_prometheus_shows_the_sigkill_reform_every_dashboard_query_and_fires_bel
 
 @pytest.mark.slow
 def test_prometheus_fires_the_restart_storm_alert_for_a_script_that_keeps_failing(
-    tmp_path: Path,
+    start: Callable[..., Running],
 ) -> None:
     # Every attempt of the script fails after 2 s; torchrun restarts the workers of each
     # pod (rendezvous.maxRestarts 20): more than 2 restarts of one pod within 1 minute fire
     # the storm alert for that pod. The run is stopped once it fires.
-    run = Running(
-        tmp_path,
+    run = start(
         command=["sh", "-c", "sleep 2; exit 1"],
         sets=[
             "monitoring.prometheusRule.restartStorm.restarts=2",
