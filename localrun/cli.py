@@ -177,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="keep the API server (<output>/kubeconfig) up this long after the end",
     )
+    r.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="run Debian's prometheus on the pods' metrics with the chart's alert rules "
+        "(turns monitoring.enabled on; needs namespaces)",
+    )
     r.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -197,6 +203,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     faults += [parse_scale(t) for t in args.scale]
     faults += [parse_restart_rendezvous(t) for t in args.restart_rendezvous]
     backoff_base, backoff_cap = _backoff(args.backoff)
+    if args.prometheus and args.loopback:
+        raise UsageError(
+            "--prometheus with --loopback: every pod would serve its metrics on this "
+            "machine's one port; drop --loopback (run as root)"
+        )
     if not args.values:
         raise UsageError("no values file: pass -f values-examples/cpu-smoke.yaml (for example)")
     for v in args.values:
@@ -221,6 +232,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         live=args.live,
         loopback=args.loopback,
         linger=args.linger,
+        prometheus=args.prometheus,
     )
 
 

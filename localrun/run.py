@@ -32,7 +32,7 @@ from typing import Any
 from elastic_worker import completion
 from elastic_worker.config import KubeApi
 
-from localrun import chart
+from localrun import chart, prometheus
 from localrun.cluster import certmanager, podspec
 from localrun.cluster.apiserver import FakeApiServer
 from localrun.cluster.apiserver import Fault as ApiFault
@@ -48,6 +48,7 @@ from localrun.faults import Fault, Injector
 from localrun.host.mountpoints import Mountpoints
 from localrun.host.network import LoopbackNetwork, Network, NetworkError
 from localrun.host.runtime import HostRuntime
+from localrun.kubestate import KubeState
 from localrun.render import ROOT, Rendered, RenderError, render
 from localrun.state import RunState
 from localrun.view import Progress, summary_text
@@ -82,6 +83,7 @@ class RunConfig:
     live: bool | None = None  # None: live view when stdout is a terminal
     loopback: bool = False  # force the no-root fallback
     linger: float = 0.0  # seconds the API server stays up after the end
+    prometheus: bool = False  # run Debian's prometheus on the pods (localrun/prometheus.py)
 
 
 class Interrupted(Exception):
@@ -113,6 +115,8 @@ class Runner:
         self.injector: Injector | None = None
         self.mountpoints = Mountpoints()
         self.client_tls: chart.ClientTls | None = None
+        self.prometheus: prometheus.Prometheus | None = None
+        self.kubestate: KubeState | None = None
         self._incarnations: dict[str, int] = {}
         self._published: dict[str, dict[str, Any]] = {}  # pods as last served, by name
         _remove_stale_workdirs()
@@ -162,9 +166,14 @@ class Runner:
     def _setup(self) -> None:
         cfg = self.cfg
         self.outdir.mkdir(parents=True, exist_ok=True)
+        sets = cfg.sets
+        if cfg.prometheus:
+            # Ours first: a user's own --set of the same key wins.
+            sets = [*prometheus.LOCAL_VALUES, *cfg.sets]
+            self.event("--prometheus: rendering with " + ", ".join(prometheus.LOCAL_VALUES))
         try:
             rendered = render(
-                cfg.chart, cfg.values, cfg.sets, release=cfg.release, namespace=cfg.namespace
+                cfg.chart, cfg.values, sets, release=cfg.release, namespace=cfg.namespace
             )
         except RenderError as exc:
             raise SetupError(str(exc), EXIT_USAGE) from None
@@ -176,6 +185,8 @@ class Runner:
         nodes = load_nodes(cfg.profile)
         self.api = self._api_server(rendered, nodes, self.network.host_ip)
         self.cluster = self._cluster(rendered, nodes, self.network, self.api)
+        if cfg.prometheus:
+            self.prometheus = self._prometheus(rendered, nodes)
         self.injector = Injector(
             cfg.faults,
             self.cluster,
@@ -208,6 +219,32 @@ class Runner:
             rendered.secrets.setdefault(name, secret)
             self.event(f"certificate issued: Secret {name}")
         self.client_tls = chart.ClientTls(ca.crt, own.crt, own.key)
+
+    def _prometheus(self, rendered: Rendered, nodes: dict[str, Any]) -> prometheus.Prometheus:
+        """Debian's prometheus on 127.0.0.1, scraping the pods over the run's bridge, and
+        a kube-state-metrics stand-in for the pods and Nodes the API server serves."""
+        if isinstance(self.network, LoopbackNetwork):
+            raise SetupError(
+                "--prometheus needs network namespaces (run as root, without --loopback): "
+                "without them every pod would serve its metrics on this machine's one port",
+                EXIT_USAGE,
+            )
+        self.kubestate = KubeState(nodes)
+        try:
+            prom = prometheus.Prometheus(
+                self.outdir / "prometheus",
+                prometheus.scrape_endpoints(rendered.objects),
+                prometheus.rule_groups(rendered.objects),
+                static={"kube-state-metrics": self.kubestate.start()},
+            )
+            self.prometheus = prom  # stopped at the end even if it fails to get ready
+            prom.start()
+        except prometheus.PrometheusError as exc:
+            raise SetupError(str(exc), EXIT_FAILED) from None
+        rules = sum(len(g.get("rules") or []) for g in prom.groups)
+        self.state.prometheus_url = prom.url
+        self.event(f"prometheus {prom.url} ({rules} alert rules; data in {prom.directory})")
+        return prom
 
     def _network(self) -> Network:
         isolated = (
@@ -332,6 +369,11 @@ class Runner:
             self.api.add_event(event)
         self._published = {p["metadata"]["name"]: p for p in pods}
         self.api.publish_pods(self.cfg.namespace, pods)
+        if self.prometheus is not None:
+            # Pod discovery as a PodMonitor's: the pods as the API server serves them.
+            self.prometheus.update([prometheus.pod_view(p) for p in pods])
+        if self.kubestate is not None:
+            self.kubestate.update(pods)
         # Read by the API server's threads: replaced whole, never changed in place.
         self._incarnations = {p.name: p.incarnation for p in self.cluster.pods()}
 
@@ -484,11 +526,19 @@ class Runner:
 
     def _linger(self) -> None:
         """Keep serving the API (every pod gone) for `linger` seconds after the end, so
-        that a client watching the job (elastic-job logs --save) sees how it ended."""
+        that a client watching the job (elastic-job logs --save) sees how it ended, and
+        Prometheus (its series and alerts) with it."""
         if self.cfg.linger > 0 and self.api is not None:
             self._publish_pods()
-            self.event(f"the API server stays up {self.cfg.linger:g}s (--linger)")
+            also = " and prometheus" if self.prometheus is not None else ""
+            self.event(f"the API server{also} stay up {self.cfg.linger:g}s (--linger)")
             time.sleep(self.cfg.linger)
+
+    def _stop_monitoring(self) -> None:
+        for part in (self.prometheus, self.kubestate):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    part.stop()
 
     def _cleanup(self) -> None:
         if self.cluster is not None:
@@ -521,6 +571,7 @@ class Runner:
         if self.api is not None:
             with contextlib.suppress(Exception):
                 self.api.stop()
+        self._stop_monitoring()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _write_summary(self) -> None:

@@ -79,6 +79,7 @@ class RunState:
         self.say = say or (lambda text: None)
         self.step_lines = step_lines  # one event per new step (plain output)
         self.pods: dict[str, PodState] = {}
+        self.prometheus_url: str | None = None  # --prometheus
         self.completed_at: float | None = None
         self.etcd_complete: bool | None = None
         #: The rendezvous StatefulSet's replicas were 0 at the end (the chart's scale-down
@@ -312,6 +313,7 @@ class RunState:
             "etcd_complete": self.etcd_complete,
             "rendezvous_scaled_to_zero": self.rendezvous_scaled_to_zero,
             "duration_seconds": round(self.duration, 1),
+            "prometheus_url": self.prometheus_url,
             "error": self.error,
         }
 

@@ -120,5 +120,7 @@ def summary_text(d: dict[str, Any], logs: Path) -> str:
         lines.append(f"pod:          {name}: exit {p['exit_code']}, restarts {p['restarts']}")
     if d["error"]:
         lines.append(f"error:        {d['error']}")
+    if d.get("prometheus_url"):
+        lines.append(f"prometheus:   {d['prometheus_url']} (gone with the run; --linger keeps it)")
     lines.append(f"logs:         {logs}")
     return "\n".join(lines) + "\n"

@@ -93,6 +93,47 @@ def runner_argv(release: str) -> list[str]:
     ]
 
 
+def local_command(
+    tmp_path: Path,
+    *args: str,
+    steps: int = 30,
+    every: int = 5,
+    step_seconds: float = 0.5,
+    sets: Iterable[str] = (),
+    timeout: float = 300,
+    command: list[str] | None = None,
+) -> list[str]:
+    """`elastic-local run` of values-examples/cpu-smoke.yaml with the given extra args,
+    its output in tmp_path; the job runs train.py (steps, every, step_seconds) unless
+    `command` is given."""
+    job = "job.command={" + ",".join(command) + "}" if command else None
+    cmd = [
+        *runner_argv(RELEASE),
+        "--set",
+        job or train_command(steps, every, step_seconds),
+        "--output",
+        str(tmp_path / "out"),
+        "--json",
+        str(tmp_path / "summary.json"),
+        "--timeout",
+        str(timeout),
+        "--plain",
+        "--backoff=2:20",
+        "--give-up-after=4",
+    ]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd + list(args)
+
+
+def finished(tmp_path: Path, rc: int, stdout: str, seconds: float) -> LocalRun:
+    """What a run of `local_command(tmp_path, ...)` left."""
+    (tmp_path / "runner-output.txt").write_text(stdout)
+    summary_path = tmp_path / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    return LocalRun(rc, summary, tmp_path / "out", stdout, seconds)
+
+
 def run_local(
     tmp_path: Path,
     *args: str,
@@ -103,28 +144,17 @@ def run_local(
     timeout: float = 300,
     command: list[str] | None = None,
 ) -> LocalRun:
-    """One `elastic-local run` of values-examples/cpu-smoke.yaml with the given extra args;
-    the job runs train.py (steps, every, step_seconds) unless `command` is given."""
-    out = tmp_path / "out"
-    summary_path = tmp_path / "summary.json"
-    job = "job.command={" + ",".join(command) + "}" if command else None
-    cmd = [
-        *runner_argv(RELEASE),
-        "--set",
-        job or train_command(steps, every, step_seconds),
-        "--output",
-        str(out),
-        "--json",
-        str(summary_path),
-        "--timeout",
-        str(timeout),
-        "--plain",
-        "--backoff=2:20",
-        "--give-up-after=4",
-    ]
-    for s in sets:
-        cmd += ["--set", s]
-    cmd += list(args)
+    """One `elastic-local run` (local_command), to its end."""
+    cmd = local_command(
+        tmp_path,
+        *args,
+        steps=steps,
+        every=every,
+        step_seconds=step_seconds,
+        sets=sets,
+        timeout=timeout,
+        command=command,
+    )
     start = time.monotonic()
     # SIGTERM, never SIGKILL, when the test is stopped: the runner then cleans up.
     proc = subprocess.Popen(
@@ -136,10 +166,7 @@ def run_local(
         proc.terminate()
         proc.communicate(timeout=60)
         raise
-    seconds = time.monotonic() - start
-    (tmp_path / "runner-output.txt").write_text(stdout)
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    return LocalRun(proc.returncode, summary, out, stdout, seconds)
+    return finished(tmp_path, proc.returncode, stdout, time.monotonic() - start)
 
 
 def assert_nothing_lost(run: LocalRun, final_step: int) -> None:
