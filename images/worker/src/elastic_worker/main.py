@@ -25,10 +25,10 @@ from elastic_worker import (
     completion,
     config,
     epoch,
-    etcdv2,
     events,
     exits,
     gate,
+    kvstore,
     launch,
     liveness,
     memlock,
@@ -173,11 +173,11 @@ def _metrics(cfg: config.Config, recorder: events.Recorder) -> metrics.Tracker |
     )
 
 
-def _load(args: list[str]) -> tuple[config.Config, etcdv2.Client]:
+def _load(args: list[str]) -> tuple[config.Config, kvstore.KeyStore]:
     """The settings, and the etcd client made from them (its TLS files read)."""
     try:
         cfg = config.load(args)
-        client = etcdv2.connect(cfg)
+        client = kvstore.connect(cfg)
     except config.ConfigError as exc:
         logger.error("%s", exc)
         raise _Exit(exits.CONFIG) from None
@@ -194,7 +194,7 @@ def _load(args: list[str]) -> tuple[config.Config, etcdv2.Client]:
 
 def _gate(
     cfg: config.Config,
-    client: etcdv2.Client,
+    client: kvstore.KeyStore,
     stop: threading.Event,
     recorder: events.Recorder | None = None,
 ) -> _Ready | None:
@@ -213,8 +213,8 @@ def _gate(
             [
                 gate.Check(f"DNS name {cfg.endpoint.host}", gate.unless_complete(resolver, done)),
                 gate.Check(
-                    f"etcd v2 API at {cfg.endpoint}",
-                    gate.unless_complete(gate.etcd_v2_probe(client, cfg), done),
+                    f"etcd {client.api} API at {cfg.endpoint}",
+                    gate.unless_complete(gate.etcd_api_probe(client, cfg), done),
                 ),
             ],
             cfg.gate_timeout,
@@ -255,7 +255,7 @@ def _gate(
     except gate.Interrupted as exc:
         logger.info("%s", exc)
         raise _Exit(exits.signalled(signal.SIGTERM)) from None
-    except etcdv2.EtcdError as exc:
+    except kvstore.EtcdError as exc:
         logger.error("etcd at %s failed after the gate: %s", cfg.endpoint, exc)
         raise _Exit(exits.GATE_TIMEOUT) from None
     return _Ready(choice, local_addr, registration)
@@ -302,7 +302,7 @@ def _start_follower(
 
 def _train(
     cfg: config.Config,
-    client: etcdv2.Client,
+    client: kvstore.KeyStore,
     ready: _Ready,
     relay: _Relay,
     tracker: metrics.Tracker | None = None,
@@ -318,7 +318,7 @@ def _train(
         ready.registration.start()
     try:
         return _epochs(cfg, client, ready, relay, env=env, tracker=tracker, recorder=recorder)
-    except etcdv2.EtcdError as exc:
+    except kvstore.EtcdError as exc:
         logger.error("etcd at %s failed: %s", cfg.endpoint, exc)
         return exits.GATE_TIMEOUT
     finally:
@@ -332,7 +332,7 @@ def _train(
 
 def _epochs(
     cfg: config.Config,
-    client: etcdv2.Client,
+    client: kvstore.KeyStore,
     ready: _Ready,
     relay: _Relay,
     *,
