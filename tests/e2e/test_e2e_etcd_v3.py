@@ -103,3 +103,45 @@ def test_etcd_v3_sigkill_one_pod_reforms_at_two_resumes_and_grows_back(tmp_path:
     for n in range(3):
         assert_v3_only(run.log(pod(n)))
     assert_cleaned_up(run)
+
+
+@pytest.mark.slow
+def test_etcd_v3_sigterm_spot_reclaim_checkpoints_and_loses_at_most_one_step(
+    tmp_path: Path,
+) -> None:
+    grace = 20
+    run = run_local(
+        tmp_path,
+        f"--preempt={pod(2)}@step=8:15",
+        command=probe_command(30, 10),
+        sets=[*V3_SETS, f"worker.terminationGracePeriodSeconds={grace}"],
+    )
+    assert run.rc == 0, run.describe()
+    assert_nothing_lost(run, 30)
+    log2 = run.log(pod(2))
+    m = re.search(r"^\[train\] sigterm step=(\d+)", log2, re.M)
+    assert m, f"pod 2 did not report SIGTERM\n{log2[-3000:]}"
+    preempt = reform(run, f"preempt {pod(2)}")
+    assert preempt["steps_lost"] is not None and preempt["steps_lost"] <= 1, preempt
+    assert preempt["seconds"] is not None and preempt["seconds"] < REFORM_BOUND, preempt
+    assert f"{pod(2)}: grace period over, SIGKILL" not in run.events()
+    assert 2 in run.summary["world_sizes"], run.describe()
+    assert_v3_only(log2)
+    assert_cleaned_up(run)
+
+
+@pytest.mark.slow
+def test_etcd_v3_scale_up_two_to_three_then_down_to_two_while_training(tmp_path: Path) -> None:
+    run = run_local(
+        tmp_path,
+        "--scale=default=3@step=5",
+        "--scale=default=2@step=18",
+        command=probe_command(32, 4),
+        sets=[*V3_SETS, "workerGroups.default.replicas=2"],
+    )
+    assert run.rc == 0, run.describe()
+    assert_nothing_lost(run, 32)
+    assert in_order(run.summary["world_sizes"], [2, 3, 2]), run.describe()
+    assert run.steps_of(pod(2)), "the added pod trained"
+    assert_v3_only(run.log(pod(2)))
+    assert_cleaned_up(run)
