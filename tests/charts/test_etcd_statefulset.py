@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 from chart_render import ELASTIC_JOB, ETCD, NAMESPACE, RELEASE, container, objects, one, pod_spec
-from testlib import free_port
+from testlib import ETCD_VERSIONS, etcd_binary, free_port
 
 NAME = f"{RELEASE}-etcd-rendezvous"
 
@@ -243,11 +242,11 @@ def _wait(url: str, deadline: float) -> bytes:
     raise AssertionError(f"{url} did not answer: {last}")
 
 
-def _start_rendered(tmp_path: Path, sets: list[str]) -> tuple[subprocess.Popen[bytes], str, str]:
-    """Start the installed etcd with the rendered flags (ports and data dir moved)."""
-    etcd = shutil.which("etcd")
-    if etcd is None:
-        pytest.fail("etcd is not installed: run scripts/bootstrap (apt-get install etcd-server)")
+def _start_rendered(
+    tmp_path: Path, sets: list[str], version: str = "3.4"
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """Start an installed etcd with the rendered flags (ports and data dir moved)."""
+    etcd = etcd_binary(version)
     command = container(_sts(sets=sets), "etcd")["command"]
     client, peer, metrics = free_port(), free_port(), free_port()
     replaced = []
@@ -271,10 +270,12 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
-def test_rendered_command_starts_etcd_with_the_v2_api(tmp_path: Path) -> None:
-    """The rendered flags (ports and data dir moved to free ones) start the installed etcd,
-    which then serves the v2 keys API and health on the metrics listener."""
-    proc, base, metrics = _start_rendered(tmp_path, [])
+@pytest.mark.parametrize("version", ETCD_VERSIONS)
+def test_rendered_command_starts_etcd_with_the_v2_api(tmp_path: Path, version: str) -> None:
+    """The rendered flags (ports and data dir moved to free ones) start etcd 3.4 (what the
+    local run uses) and 3.5 (what the image runs), which then serve the v2 keys API and
+    health on the metrics listener."""
+    proc, base, metrics = _start_rendered(tmp_path, [], version)
     try:
         deadline = time.monotonic() + 30
         assert json.loads(_wait(f"{base}/v2/keys/", deadline))["node"]["dir"] is True
@@ -289,10 +290,11 @@ def test_rendered_command_starts_etcd_with_the_v2_api(tmp_path: Path) -> None:
         _stop(proc)
 
 
-def test_rendered_etcd_v3_command_serves_v3_and_no_v2_api(tmp_path: Path) -> None:
-    """global.rendezvousBackend=etcd-v3: the rendered flags start the installed etcd, which
-    answers the v3 API (a put and a range through its JSON gateway) and 404s /v2/keys/."""
-    proc, base, metrics = _start_rendered(tmp_path, [V3])
+@pytest.mark.parametrize("version", ETCD_VERSIONS)
+def test_rendered_etcd_v3_command_serves_v3_and_no_v2_api(tmp_path: Path, version: str) -> None:
+    """global.rendezvousBackend=etcd-v3: the rendered flags start etcd 3.4 and 3.5, which
+    answer the v3 API (a put and a range through the JSON gateway) and 404 /v2/keys/."""
+    proc, base, metrics = _start_rendered(tmp_path, [V3], version)
     try:
         deadline = time.monotonic() + 30
         assert json.loads(_wait(f"{metrics}/health", deadline))["health"] == "true"

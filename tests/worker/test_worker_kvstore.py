@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from elastic_worker import kvstore
 from elastic_worker.kvstore import KeyStore
-from testlib import EtcdServer, free_port
+from testlib import ETCD_VERSIONS, EtcdServer, free_port
 from worker_helpers import BACKENDS, backend_etcd, keystore, wait_until
 
 
@@ -24,9 +24,12 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture
-def server(etcd_factory: Callable[..., EtcdServer], backend: str) -> EtcdServer:
-    return backend_etcd(etcd_factory, backend)
+@pytest.fixture(params=ETCD_VERSIONS, ids=lambda v: f"etcd{v}")
+def server(
+    etcd_factory: Callable[..., EtcdServer], backend: str, request: pytest.FixtureRequest
+) -> EtcdServer:
+    """Debian's etcd 3.4 and the official 3.5 (scripts/bootstrap)."""
+    return backend_etcd(etcd_factory, backend, request.param)
 
 
 @pytest.fixture

@@ -131,10 +131,12 @@ def wait_until(
 BACKENDS = ("etcd-v2", "etcd-v3")
 
 
-def backend_etcd(etcd_factory: Callable[..., EtcdServer], backend: str) -> EtcdServer:
+def backend_etcd(
+    etcd_factory: Callable[..., EtcdServer], backend: str, version: str = "3.4"
+) -> EtcdServer:
     """A real etcd for the backend: with the v2 API on for etcd-v2, and off for etcd-v3
     (as etcd 3.6 has none), so that a v3 test cannot lean on v2 by accident."""
-    return etcd_factory(v2=backend == "etcd-v2")
+    return etcd_factory(v2=backend == "etcd-v2", version=version)
 
 
 def keystore(etcd: EtcdServer, backend: str, job: str = "kv") -> KeyStore:
