@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,22 @@ def test_etcd_v3_takes_exactly_the_keys_its_handler_reads() -> None:
     cfg = load(ELASTIC_RDZV_BACKEND="etcd-v3", ELASTIC_RDZV_CONF="lease_ttl=30,key_prefix=/t")
     assert ("lease_ttl", "30") in cfg.rdzv_conf
     assert ("key_prefix", "/t") in cfg.rdzv_conf
+
+
+def test_etcd_v3_without_its_package_is_one_line_naming_the_fix() -> None:
+    """An image without torch-etcd-v3 and ELASTIC_RDZV_BACKEND=etcd-v3: a bad setting (exit
+    2, one line), not a traceback from deep inside the worker."""
+    code = (
+        "import sys; sys.modules['torch_etcd_v3'] = None\n"
+        "from elastic_worker import config\n"
+        "try:\n"
+        "    config.rdzv_keys('etcd-v3')\n"
+        "except config.ConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
+    assert out.startswith("ELASTIC_RDZV_BACKEND=etcd-v3 needs the torch-etcd-v3 package")
+    assert "set global.rendezvousBackend=etcd-v2" in out
+    assert "\n" not in out

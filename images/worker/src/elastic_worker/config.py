@@ -64,8 +64,14 @@ def rdzv_keys(backend: str) -> frozenset[str]:
     """The --rdzv-conf keys the backend's handler (and torch's rendezvous) read."""
     if backend == "etcd-v3":
         # The handler's own list; importing it imports torch, which etcd-v3 runs anyway.
-        from torch_etcd_v3.config import KEYS  # noqa: PLC0415
-
+        try:
+            from torch_etcd_v3.config import KEYS  # noqa: PLC0415
+        except ImportError as exc:
+            raise ConfigError(
+                f"ELASTIC_RDZV_BACKEND=etcd-v3 needs the torch-etcd-v3 package ({exc}): "
+                "use the project's worker image, pip install packages/torch-etcd-v3, or set "
+                "global.rendezvousBackend=etcd-v2"
+            ) from None
         return KEYS
     return KNOWN_RDZV_KEYS
 
