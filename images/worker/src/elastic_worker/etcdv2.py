@@ -41,7 +41,6 @@ __all__ = [
     "EtcdError",
     "KeyNotFound",
     "NoApi",
-    "NoV2Api",
     "Node",
     "NodeExists",
     "TlsRefused",
@@ -60,9 +59,6 @@ _NODE_EXISTS = 105
 #: starting up; the same drop for seconds on end is not.
 TLS_DROPS_TO_REFUSE = 3
 TLS_DROP_SECONDS = 5.0
-
-# The v2 name of kvstore.NoApi, kept for callers that speak only v2.
-NoV2Api = NoApi
 
 
 def _node(data: dict[str, Any]) -> Node:
@@ -229,8 +225,6 @@ class Client:
         """Raise NoApi or Unavailable unless the v2 keys API answers."""
         with contextlib.suppress(KeyNotFound):
             self._request("GET", "/")
-
-    check_v2 = check_api
 
     def with_timeout(self, timeout: float) -> KeyStore:
         return Client(self.base_url, timeout, context=self.context)
