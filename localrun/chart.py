@@ -11,7 +11,9 @@ mini-cluster (cluster/) and the host layer (host/) know none of it.
 
 from __future__ import annotations
 
+import base64
 import http.client
+import json
 import re
 import ssl
 import urllib.parse
@@ -35,6 +37,7 @@ EXAMPLES_SOURCE = Path("images") / "worker" / "examples"
 
 #: The worker's job id (the chart's `job.id`, else derived from release and namespace).
 JOB_ID_ENV = "ELASTIC_JOB_ID"
+RDZV_BACKEND_ENV = "ELASTIC_RDZV_BACKEND"
 #: etcd's client port: the rendezvous container's port of this name, else the default.
 CLIENT_PORT_NAME = "client"
 DEFAULT_CLIENT_PORT = 2379
@@ -92,6 +95,11 @@ def job_id(env: Mapping[str, str]) -> str:
     return env.get(JOB_ID_ENV, "")
 
 
+def rdzv_backend(env: Mapping[str, str]) -> str:
+    """The worker's rendezvous backend: the etcd API its keys (the marker) are on."""
+    return env.get(RDZV_BACKEND_ENV) or "etcd-v2"
+
+
 def client_port(pod_spec: Obj) -> int:
     for c in pod_spec.get("containers") or []:
         for p in c.get("ports") or []:
@@ -137,9 +145,23 @@ class ClientTls:
         return ctx
 
 
-def completion_url(ip: str, port: int, job: str, scheme: str = "http") -> str:
-    """The worker's marker (elastic_worker.completion), read over etcd's v2 API."""
-    return f"{scheme}://{ip}:{port}/v2/keys/elastic-job/{job}/complete"
+@dataclass(frozen=True)
+class Marker:
+    """Where the worker's completion marker (elastic_worker.completion) is read: on
+    etcd-v2 a GET of the v2 key, on etcd-v3 a range request for the key through the v3
+    gateway (the API the worker wrote it with: etcd keeps the two stores apart)."""
+
+    url: str
+    v3_key: str | None = None
+
+
+def completion_url(
+    ip: str, port: int, job: str, scheme: str = "http", backend: str = "etcd-v2"
+) -> Marker:
+    key = f"/elastic-job/{job}/complete"
+    if backend == "etcd-v3":
+        return Marker(f"{scheme}://{ip}:{port}/v3/kv/range", key)
+    return Marker(f"{scheme}://{ip}:{port}/v2/keys{key}")
 
 
 class _NamedHttps(http.client.HTTPSConnection):
@@ -156,11 +178,11 @@ class _NamedHttps(http.client.HTTPSConnection):
 
 
 def read_completion(
-    url: str, timeout: float = 2.0, tls: ClientTls | None = None, server_name: str = ""
+    marker: Marker, timeout: float = 2.0, tls: ClientTls | None = None, server_name: str = ""
 ) -> bool | None:
     """True: the job is complete; False: not yet; None: etcd did not answer (or its
     certificate did not verify)."""
-    parts = urllib.parse.urlsplit(url)
+    parts = urllib.parse.urlsplit(marker.url)
     host, port = parts.hostname or "", parts.port
     try:
         if parts.scheme == "https":
@@ -173,12 +195,23 @@ def read_completion(
         else:
             conn = http.client.HTTPConnection(host, port, timeout=timeout)
         try:
-            conn.request("GET", parts.path)
-            status = conn.getresponse().status
+            if marker.v3_key is None:
+                conn.request("GET", parts.path)
+                status = conn.getresponse().status
+            else:
+                key = base64.b64encode(marker.v3_key.encode()).decode()
+                conn.request("POST", parts.path, json.dumps({"key": key}))
+                resp = conn.getresponse()
+                status, body = resp.status, resp.read()
         finally:
             conn.close()
     except (OSError, http.client.HTTPException):
         return None
+    if marker.v3_key is not None:
+        try:
+            return bool(json.loads(body).get("kvs")) if status == 200 else None
+        except ValueError:
+            return None
     if status == 200:
         return True
     return False if status == 404 else None

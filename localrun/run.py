@@ -107,6 +107,7 @@ class Runner:
         self.state = RunState(say=self.event, step_lines=not self.progress.live)
         self.progress.state = self.state
         self.job_id = ""
+        self.rdzv_backend = "etcd-v2"
         self._stop_signal: int | None = None
         self._next_completion_check = 0.0
         self.api: FakeApiServer | None = None
@@ -426,6 +427,7 @@ class Runner:
         if not pod.in_init and chart.is_worker(pod.labels):
             self.state.pod_started(pod.name, self._rel())
             self.job_id = self.job_id or chart.job_id(pod.env)
+            self.rdzv_backend = chart.rdzv_backend(pod.env)
         what = "init container" if pod.in_init else "container"
         self.event(f"{pod.name}: {what} {c.name} started on {pod.node} ({pod.ip})")
 
@@ -441,7 +443,7 @@ class Runner:
 
     # -- completion ----------------------------------------------------------------------
 
-    def _completion_target(self) -> tuple[str, str] | None:
+    def _completion_target(self) -> tuple[chart.Marker, str] | None:
         """The marker's URL on the running rendezvous pod and the name its certificate
         covers (None: no such pod, or no job id known yet)."""
         assert self.cluster is not None
@@ -451,8 +453,9 @@ class Runner:
             if chart.is_rendezvous(p.labels) and p.ip and p.phase == Phase.RUNNING:
                 spec = p.sts.pod_spec
                 ep = chart.client_endpoint(spec)
-                url = chart.completion_url(p.ip, chart.client_port(spec), self.job_id, ep.scheme)
-                return url, ep.server_name
+                port = chart.client_port(spec)
+                marker = chart.completion_url(p.ip, port, self.job_id, ep.scheme, self.rdzv_backend)
+                return marker, ep.server_name
         return None
 
     def _read_completion(self, timeout: float = 2.0) -> bool | None:

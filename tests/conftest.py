@@ -35,9 +35,9 @@ def etcd_factory(tmp_path: Path) -> Iterator[Callable[..., EtcdServer]]:
     """Start as many real etcd servers as a test needs; all are stopped afterwards."""
     started: list[EtcdServer] = []
 
-    def make(*, v2: bool = True) -> EtcdServer:
+    def make(*, v2: bool = True, version: str = "3.4") -> EtcdServer:
         data = tmp_path / f"etcd-{len(started)}"
-        server = start_etcd(data, v2=v2)
+        server = start_etcd(data, v2=v2, version=version)
         started.append(server)
         return server
 

@@ -248,6 +248,24 @@ CASES = [
         also=("v2 API",),
     ),
     Bad(
+        "etcd-3.7-with-etcd-v3",
+        "etcd-rendezvous.image.tag",
+        ("global.rendezvousBackend=etcd-v3", "etcd-rendezvous.image.tag=v3.7.0"),
+        also=("3.6",),
+    ),
+    Bad(
+        "rendezvous-backend-unknown",
+        "global.rendezvousBackend",
+        ("global.rendezvousBackend=etcd-v4",),
+        also=("etcd-v2", "etcd-v3"),
+    ),
+    Bad(
+        "external-etcd-v3-without-endpoint",
+        "rendezvous.endpoint",
+        ("global.rendezvousBackend=etcd-v3", "etcd-rendezvous.enabled=false"),
+        also=("3.6",),
+    ),
+    Bad(
         "etcd-unknown-key-via-parent",
         "etcd-rendezvous",
         ("etcd-rendezvous.bogus=1",),
@@ -284,7 +302,20 @@ CASES = [
         ("tls.certManager.issuerRef.kind=Vault",),
         chart=ETCD,
     ),
-    Bad("etcd-3.6", "image.tag", ("image.tag=v3.6.0",), chart=ETCD, also=("3.6", "v2 API")),
+    Bad(
+        "etcd-3.6",
+        "image.tag",
+        ("image.tag=v3.6.0",),
+        chart=ETCD,
+        also=("3.6", "v2 API", "global.rendezvousBackend=etcd-v3"),
+    ),
+    Bad(
+        "etcd-4.0-with-etcd-v3",
+        "image.tag",
+        ("global.rendezvousBackend=etcd-v3", "image.tag=v4.0.0"),
+        chart=ETCD,
+        also=("3.6",),
+    ),
     Bad("etcd-4.0", "image.tag", ("image.tag=v4.0.0",), chart=ETCD, also=("v2 API",)),
     Bad(
         "etcd-older-than-3.5.11", "image.tag", ("image.tag=v3.5.10",), chart=ETCD, also=("3.5.11",)

@@ -1,11 +1,12 @@
-"""charts/etcd-rendezvous templates/statefulset.yaml: one etcd 3.5 member, v2 API on,
-flags in `command` that Debian's etcd 3.4 also starts with (run here for real)."""
+"""charts/etcd-rendezvous templates/statefulset.yaml: one etcd 3.5 member, v2 API on (off,
+and 3.6 allowed, with global.rendezvousBackend=etcd-v3), flags in `command` that Debian's
+etcd 3.4 also starts with (run here for real)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 from chart_render import ELASTIC_JOB, ETCD, NAMESPACE, RELEASE, container, objects, one, pod_spec
-from testlib import free_port
+from testlib import ETCD_VERSIONS, etcd_binary, free_port
 
 NAME = f"{RELEASE}-etcd-rendezvous"
 
@@ -87,6 +88,27 @@ def test_v2_api_and_member_flags_are_consistent() -> None:
     assert flags["listen-client-urls"] == "http://0.0.0.0:2379"
     assert flags["listen-metrics-urls"] == "http://0.0.0.0:2381"
     assert flags["data-dir"].startswith("/var/lib/etcd/")
+
+
+V3 = "global.rendezvousBackend=etcd-v3"
+
+
+def test_etcd_v3_backend_leaves_the_v2_api_off() -> None:
+    """global.rendezvousBackend=etcd-v3: no --enable-v2 flag (off by default since 3.4,
+    gone in 3.6), alone and as elastic-job's dependency (the parent's global)."""
+    for chart in (ETCD, ELASTIC_JOB):
+        flags = _flags(_sts(chart, sets=[V3]))
+        assert "enable-v2" not in flags, chart.name
+        assert flags["name"] == f"{NAME}-0"
+
+
+def test_etcd_v3_backend_accepts_etcd_3_6() -> None:
+    """global.rendezvousBackend=etcd-v3: image.tag v3.6.x renders (3.6 has no v2 API, and
+    the etcd-v3 backend needs none); 3.5 still does."""
+    for tag in ("v3.6.0", "v3.6.5", "v3.5.21"):
+        for chart, key in ((ETCD, "image.tag"), (ELASTIC_JOB, "etcd-rendezvous.image.tag")):
+            etcd = container(_sts(chart, sets=[V3, f"{key}={tag}"]), "etcd")
+            assert etcd["image"] == f"gcr.io/etcd-development/etcd:{tag}"
 
 
 def test_probes_use_livez_and_readyz_on_the_metrics_port() -> None:
@@ -220,13 +242,12 @@ def _wait(url: str, deadline: float) -> bytes:
     raise AssertionError(f"{url} did not answer: {last}")
 
 
-def test_rendered_command_starts_etcd_with_the_v2_api(tmp_path: Path) -> None:
-    """The rendered flags (ports and data dir moved to free ones) start the installed etcd,
-    which then serves the v2 keys API and health on the metrics listener."""
-    etcd = shutil.which("etcd")
-    if etcd is None:
-        pytest.fail("etcd is not installed: run scripts/bootstrap (apt-get install etcd-server)")
-    command = container(_sts(), "etcd")["command"]
+def _start_rendered(
+    tmp_path: Path, sets: list[str], version: str = "3.4"
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """Start an installed etcd with the rendered flags (ports and data dir moved)."""
+    etcd = etcd_binary(version)
+    command = container(_sts(sets=sets), "etcd")["command"]
     client, peer, metrics = free_port(), free_port(), free_port()
     replaced = []
     for flag in command[1:]:
@@ -235,24 +256,61 @@ def test_rendered_command_starts_etcd_with_the_v2_api(tmp_path: Path) -> None:
         moved = re.sub(r"0\.0\.0\.0:2381", f"127.0.0.1:{metrics}", moved)
         moved = re.sub(r"127\.0\.0\.1:2380", f"127.0.0.1:{peer}", moved)
         replaced.append(moved)
-    log = (tmp_path / "etcd.log").open("wb")
-    proc = subprocess.Popen([etcd, *replaced], stdout=log, stderr=subprocess.STDOUT)
+    with (tmp_path / "etcd.log").open("wb") as log:
+        proc = subprocess.Popen([etcd, *replaced], stdout=log, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{client}", f"http://127.0.0.1:{metrics}"
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("version", ETCD_VERSIONS)
+def test_rendered_command_starts_etcd_with_the_v2_api(tmp_path: Path, version: str) -> None:
+    """The rendered flags (ports and data dir moved to free ones) start etcd 3.4 (what the
+    local run uses) and 3.5 (what the image runs), which then serve the v2 keys API and
+    health on the metrics listener."""
+    proc, base, metrics = _start_rendered(tmp_path, [], version)
     try:
         deadline = time.monotonic() + 30
-        base = f"http://127.0.0.1:{client}"
         assert json.loads(_wait(f"{base}/v2/keys/", deadline))["node"]["dir"] is True
         body = urllib.parse.urlencode({"value": "ok"}).encode()
         request = urllib.request.Request(f"{base}/v2/keys/elastic-job/probe", body, method="PUT")
         with urllib.request.urlopen(request, timeout=5) as resp:
             assert json.load(resp)["node"]["value"] == "ok"
-        health = json.loads(_wait(f"http://127.0.0.1:{metrics}/health", deadline))
+        health = json.loads(_wait(f"{metrics}/health", deadline))
         assert health["health"] == "true"
         assert proc.poll() is None
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
+        _stop(proc)
+
+
+@pytest.mark.parametrize("version", ETCD_VERSIONS)
+def test_rendered_etcd_v3_command_serves_v3_and_no_v2_api(tmp_path: Path, version: str) -> None:
+    """global.rendezvousBackend=etcd-v3: the rendered flags start etcd 3.4 and 3.5, which
+    answer the v3 API (a put and a range through the JSON gateway) and 404 /v2/keys/."""
+    proc, base, metrics = _start_rendered(tmp_path, [V3], version)
+    try:
+        deadline = time.monotonic() + 30
+        assert json.loads(_wait(f"{metrics}/health", deadline))["health"] == "true"
+        key = base64.b64encode(b"/elastic-job/probe").decode()
+        put = urllib.request.Request(
+            f"{base}/v3/kv/put",
+            json.dumps({"key": key, "value": base64.b64encode(b"ok").decode()}).encode(),
+        )
+        with urllib.request.urlopen(put, timeout=5):
+            pass
+        get = urllib.request.Request(f"{base}/v3/kv/range", json.dumps({"key": key}).encode())
+        with urllib.request.urlopen(get, timeout=5) as resp:
+            assert base64.b64decode(json.load(resp)["kvs"][0]["value"]) == b"ok"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{base}/v2/keys/", timeout=5)
+        assert err.value.code == 404
+        assert proc.poll() is None
+    finally:
+        _stop(proc)

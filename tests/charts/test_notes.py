@@ -39,3 +39,12 @@ def test_etcd_rendezvous_notes_name_the_endpoint_and_policy() -> None:
     assert f"{RELEASE}-etcd-rendezvous.{NAMESPACE}.svc.cluster.local:2379" in notes
     assert f"{RELEASE}-etcd-rendezvous-0" in notes
     assert "elastic-job.pytorch.org/rendezvous-client=true" in notes
+
+
+def test_notes_name_the_rendezvous_backend() -> None:
+    """global.rendezvousBackend: elastic-job names it beside the endpoint; the etcd chart
+    says whether its v2 API is on and for which clients."""
+    assert "Rendezvous (etcd-v2): " in _notes(ELASTIC_JOB)
+    assert "Rendezvous (etcd-v3): " in _notes(ELASTIC_JOB, "global.rendezvousBackend=etcd-v3")
+    assert "(v2 API on, for etcd-v2 clients)" in _notes(ETCD)
+    assert "(v2 API off, for etcd-v3 clients)" in _notes(ETCD, "global.rendezvousBackend=etcd-v3")

@@ -1,5 +1,6 @@
 """templates/tests/test-rendezvous.yaml: the `helm test` pod that checks the rendezvous
-answers on the etcd v2 API. Its script is run here against a real etcd."""
+answers on the etcd API its backend needs (v2 for etcd-v2, v3 for etcd-v3). Its script is
+run here against a real etcd."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from chart_render import ELASTIC_JOB, RELEASE, etcd_statefulset, objects, of_kind, one, selects
+from testlib import free_port
 
 TEST_POD = f"{RELEASE}-elastic-job-test-rendezvous"
 
@@ -112,10 +114,22 @@ def test_disabled_renders_no_test_pod() -> None:
     assert not of_kind(objects(ELASTIC_JOB, sets=["tests.enabled=false"]), "Pod")
 
 
-def _run_script(endpoint: str) -> subprocess.CompletedProcess[str]:
-    script = _pod()["spec"]["containers"][0]["command"]
+V3 = ["global.rendezvousBackend=etcd-v3"]
+
+
+def test_tells_the_script_the_backend_the_workers_use() -> None:
+    """global.rendezvousBackend reaches the test pod as the workers' ELASTIC_RDZV_BACKEND."""
+    for sets, backend in (([], "etcd-v2"), (V3, "etcd-v3")):
+        env = {e["name"]: e["value"] for e in _pod(sets=sets)["spec"]["containers"][0]["env"]}
+        assert env["ELASTIC_RDZV_BACKEND"] == backend
+
+
+def _run_script(endpoint: str, sets: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    ctr = _pod(sets=sets or [])["spec"]["containers"][0]
+    script = ctr["command"]
     assert script[:2] == ["python3", "-c"]
-    env = {**os.environ, "ELASTIC_RDZV_ENDPOINT": endpoint}
+    pod_env = {e["name"]: e["value"] for e in ctr["env"]}
+    env = {**os.environ, **pod_env, "ELASTIC_RDZV_ENDPOINT": endpoint}
     return subprocess.run(
         [sys.executable, "-c", script[2]],
         env=env,
@@ -135,11 +149,31 @@ def test_script_passes_against_etcd_with_the_v2_api(etcd_factory: Callable[..., 
 
 
 def test_script_fails_against_etcd_without_the_v2_api(etcd_factory: Callable[..., Any]) -> None:
-    """Against a real etcd with the v2 API off (as 3.6 is) it fails and says so."""
+    """Against a real etcd with the v2 API off (as 3.6 is) it fails, says so and names
+    the backend that would work."""
     server = etcd_factory(v2=False)
     proc = _run_script(server.endpoint)
     assert proc.returncode != 0
     assert "v2 API" in proc.stderr
+    assert "global.rendezvousBackend=etcd-v3" in proc.stderr
+
+
+def test_etcd_v3_script_passes_against_etcd_without_the_v2_api(
+    etcd_factory: Callable[..., Any],
+) -> None:
+    """global.rendezvousBackend=etcd-v3: against a real etcd with the v2 API off the check
+    reads etcd's status through the v3 API, prints OK with its version and exits 0."""
+    server = etcd_factory(v2=False)
+    proc = _run_script(server.endpoint, V3)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("OK ") and "v3 API" in proc.stdout
+
+
+def test_etcd_v3_script_fails_when_nothing_answers_v3() -> None:
+    """etcd-v3 against an endpoint where no etcd listens: non-zero, naming the v3 need."""
+    proc = _run_script(f"127.0.0.1:{free_port()}", V3)
+    assert proc.returncode != 0
+    assert "etcd-v3 needs etcd 3.5 or 3.6" in proc.stderr
 
 
 def test_secret_files_are_readable_by_the_pods_user() -> None:

@@ -137,6 +137,30 @@ def test_external_rendezvous_endpoint_replaces_the_bundled_etcd() -> None:
     assert env_of(container(sts, "worker"))["ELASTIC_RDZV_ENDPOINT"] == "etcd.shared:2379"
 
 
+def test_rendezvous_backend_reaches_the_worker_from_the_global() -> None:
+    """global.rendezvousBackend -> ELASTIC_RDZV_BACKEND: etcd-v2 by default, etcd-v3 when
+    set; the same value the bundled etcd follows (test_etcd_statefulset.py)."""
+    assert worker_env()["ELASTIC_RDZV_BACKEND"] == "etcd-v2"
+    env = worker_env(sets=["global.rendezvousBackend=etcd-v3"])
+    assert env["ELASTIC_RDZV_BACKEND"] == "etcd-v3"
+
+
+def test_etcd_v3_backend_keeps_the_rdzv_conf_and_its_tls_keys() -> None:
+    """The etcd-v3 handler reads the same keys (torch's dynamic rendezvous timings; protocol,
+    ca_cert, ssl_cert, ssl_cert_key for TLS), so ELASTIC_RDZV_CONF does not change."""
+    tls = [
+        "rendezvous.tls.enabled=true",
+        "rendezvous.tls.caSecret=ca",
+        "rendezvous.tls.clientCertSecret=client",
+        "etcd-rendezvous.enabled=false",
+        "rendezvous.endpoint=etcd.shared:2379",
+    ]
+    v2 = worker_env(sets=tls)["ELASTIC_RDZV_CONF"]
+    v3 = worker_env(sets=[*tls, "global.rendezvousBackend=etcd-v3"])["ELASTIC_RDZV_CONF"]
+    assert v3 == v2
+    assert "protocol=https,ca_cert=/etc/elastic-job/rendezvous-ca/ca.crt" in v3
+
+
 def test_rendezvous_settings_become_torchrun_rdzv_conf() -> None:
     """rendezvous.* -> ELASTIC_RDZV_CONF `join_timeout=..,last_call_timeout=..,close_timeout=..,
     keep_alive_interval=..,keep_alive_max_attempt=..` (etcd-v2 dynamic handler keys)."""

@@ -103,3 +103,14 @@ def test_existing_secrets_job_loses_a_node_reforms_and_completes_over_mutual_tls
     # the Secrets a user brings (no cert-manager in the chart): issued by the run's CA
     run = _completes_through_a_sigkill(tmp_path, EXISTING_SECRETS_TLS)
     assert_https_only(run, client_auth=True)
+
+
+@pytest.mark.slow
+def test_etcd_v3_mutual_tls_job_loses_a_node_reforms_and_completes_over_https(
+    tmp_path: Path,
+) -> None:
+    # global.rendezvousBackend=etcd-v3: torch-etcd-v3's handler and the worker's v3 client
+    # take the same protocol/ca_cert/ssl_cert/ssl_cert_key, over the v3 JSON gateway.
+    run = _completes_through_a_sigkill(tmp_path, [*MUTUAL_TLS, "global.rendezvousBackend=etcd-v3"])
+    assert_https_only(run, client_auth=True)
+    assert "--rdzv-backend=etcd-v3 " in run.log(pod(0)), run.log(pod(0))[-3000:]

@@ -1,4 +1,5 @@
-"""Fixtures of the etcd v3 backend's tests: a real etcd 3.4 per test with the v2 API off."""
+"""Fixtures of the etcd v3 backend's tests: a real etcd (3.4 and 3.5) per test with the v2
+API off."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from etcd3_helpers import LEASES
-from testlib import EtcdServer, start_etcd
+from testlib import ETCD_VERSIONS, EtcdServer, start_etcd
 
 
 @pytest.fixture(autouse=True)
@@ -19,9 +20,10 @@ def _stop_leases() -> Iterator[None]:
         LEASES.pop().stop()
 
 
-@pytest.fixture
-def etcd3(tmp_path: Path) -> Iterator[EtcdServer]:
-    server = start_etcd(tmp_path / "etcd", v2=False)
+@pytest.fixture(params=ETCD_VERSIONS, ids=lambda v: f"etcd{v}")
+def etcd3(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[EtcdServer]:
+    """Each test against Debian's etcd 3.4 and the official 3.5 (scripts/bootstrap)."""
+    server = start_etcd(tmp_path / "etcd", v2=False, version=request.param)
     # The backend must not lean on the v2 API: prove it is really absent.
     with pytest.raises(urllib.error.HTTPError) as absent:
         urllib.request.urlopen(f"{server.url}/v2/keys/", timeout=5)

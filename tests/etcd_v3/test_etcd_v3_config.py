@@ -3,6 +3,9 @@ when the handler is made (before any agent joins)."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,3 +56,34 @@ def test_defaults_and_keys_per_run(tmp_path: Path) -> None:
     assert cfg.store_prefix == b"/torch/elastic/store/job-7/"
     cfg = load(params("h:1", "j", key_prefix="/team-a/"))
     assert cfg.state_key == b"/team-a/rendezvous/j"
+
+
+def test_keys_names_every_key_the_handler_reads() -> None:
+    """config.HANDLER_KEYS (which the worker checks its ELASTIC_RDZV_CONF against) is
+    exactly the keys load() reads, and a key it does not read is ignored, as torch's own
+    handlers ignore the keys torchrun adds."""
+    from torch_etcd_v3 import config  # noqa: PLC0415
+
+    source = Path(config.__file__).read_text()
+    read = set(re.findall(r'params\.get\("([a-z_]+)"', source))
+    read |= set(re.findall(r'_positive_int\(params, "([a-z_]+)"', source))
+    assert read == config.HANDLER_KEYS
+    assert not config.HANDLER_KEYS & config.RENDEZVOUS_KEYS
+    assert config.KEYS == config.HANDLER_KEYS | config.RENDEZVOUS_KEYS
+    load(params("127.0.0.1:2379", not_a_key="1"))
+
+
+def test_importing_the_package_first_still_registers_the_backend() -> None:
+    """`import torch_etcd_v3` before torch's rendezvous package: torch loads the entry
+    point while importing it, and the registration must not fail on a half-imported
+    package (it did: a circular import, logged and swallowed by torch)."""
+    code = (
+        "import torch_etcd_v3\n"
+        "from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as r\n"
+        "assert 'etcd-v3' in r._registry, sorted(r._registry)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Exception while registering" not in proc.stderr, proc.stderr

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 
+from elastic_worker import completion, config, kvstore
 from testlib import EtcdServer
 
 from localrun import chart
@@ -114,3 +116,32 @@ def test_completion_marker_is_read_where_the_worker_writes_it(etcd: EtcdServer) 
     urllib.request.urlopen(put, timeout=5).close()
     assert chart.read_completion(url) is True
     assert chart.read_completion(chart.completion_url("127.0.0.1", 9, "x"), timeout=1) is None
+
+
+def test_etcd_v3_completion_marker_is_read_over_the_v3_api(
+    etcd_factory: Callable[..., EtcdServer],
+) -> None:
+    """A worker with ELASTIC_RDZV_BACKEND=etcd-v3 writes the marker with the v3 API (on an
+    etcd without v2 here); the run reads it there, where the worker's own code wrote it."""
+    etcd = etcd_factory(v2=False)
+    host, port = etcd.endpoint.rsplit(":", 1)
+    env = {"ELASTIC_JOB_ID": "run42-ns", "ELASTIC_RDZV_BACKEND": "etcd-v3"}
+    assert chart.rdzv_backend(env) == "etcd-v3"
+    assert chart.rdzv_backend({}) == "etcd-v2"
+    marker = chart.completion_url(host, int(port), "run42-ns", backend=chart.rdzv_backend(env))
+    assert chart.read_completion(marker) is False
+    cfg = config.load(
+        ["train.py"],
+        {
+            **env,
+            "ELASTIC_RDZV_ENDPOINT": etcd.endpoint,
+            "ELASTIC_MIN_NODES": "1",
+            "ELASTIC_MAX_NODES": "1",
+            "ELASTIC_INJECT_ENV": "/nonexistent",
+            "POD_NAME": "w-0",
+        },
+    )
+    assert completion.mark_complete(kvstore.connect(cfg), cfg)
+    assert chart.read_completion(marker) is True
+    # The v2 reading of the same etcd finds nothing: the two stores are apart.
+    assert chart.read_completion(chart.completion_url(host, int(port), "run42-ns")) is not True

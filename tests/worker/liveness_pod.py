@@ -9,13 +9,13 @@ import sys
 import threading
 from pathlib import Path
 
-from elastic_worker import config, etcdv2, liveness, main
+from elastic_worker import config, kvstore, liveness, main
 
 
 def run() -> None:
     main.setup_logging(debug=True)
     cfg = config.load(["train.py"])
-    watch = liveness.Watch(etcdv2.connect(cfg), cfg, Path(sys.argv[1]))
+    watch = liveness.Watch(kvstore.connect(cfg), cfg, Path(sys.argv[1]))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     watch.start()

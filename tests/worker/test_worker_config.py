@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,17 @@ def test_endpoint_forms(raw: str, host: str, port: int) -> None:
         ({"ELASTIC_GATE_PEERS": "maybe"}, "ELASTIC_GATE_PEERS='maybe' is not a boolean"),
         ({"ELASTIC_GRACE_PERIOD": "0"}, "ELASTIC_GRACE_PERIOD=0"),
         ({"ELASTIC_STATEFULSETS": "Bad_Name"}, "ELASTIC_STATEFULSETS: 'Bad_Name'"),
+        (
+            {"ELASTIC_RDZV_BACKEND": "etcd-v4"},
+            "ELASTIC_RDZV_BACKEND='etcd-v4' is not a rendezvous backend: use etcd-v2 or etcd-v3",
+        ),
+        # lease_ttl is the etcd-v3 handler's; torch's etcd-v2 would ignore it silently.
+        ({"ELASTIC_RDZV_CONF": "lease_ttl=30"}, "torch's etcd-v2 reads:"),
+        # is_host is etcd-v2's; the etcd-v3 handler has no such key.
+        (
+            {"ELASTIC_RDZV_BACKEND": "etcd-v3", "ELASTIC_RDZV_CONF": "is_host=1"},
+            "unknown key 'is_host'; torch-etcd-v3's etcd-v3 reads:",
+        ),
     ],
 )
 def test_a_bad_setting_names_itself(overrides: dict[str, str | None], names: str) -> None:
@@ -183,3 +195,38 @@ def test_a_python_without_torch_is_a_bad_setting() -> None:
     )
     assert result.returncode == 2, result.stderr
     assert f"torch is not installed for {python}" in result.stderr
+
+
+def test_the_backend_defaults_to_etcd_v2_and_takes_etcd_v3() -> None:
+    assert load().rdzv_backend == "etcd-v2"
+    assert load(ELASTIC_RDZV_BACKEND="etcd-v3").rdzv_backend == "etcd-v3"
+
+
+def test_etcd_v3_takes_exactly_the_keys_its_handler_reads() -> None:
+    """With etcd-v3, ELASTIC_RDZV_CONF accepts the keys torch_etcd_v3 reads (its config.KEYS:
+    its own and those torch's dynamic rendezvous reads), e.g. lease_ttl and user."""
+    from torch_etcd_v3.config import KEYS  # noqa: PLC0415
+
+    assert config.rdzv_keys("etcd-v3") == KEYS
+    cfg = load(ELASTIC_RDZV_BACKEND="etcd-v3", ELASTIC_RDZV_CONF="lease_ttl=30,key_prefix=/t")
+    assert ("lease_ttl", "30") in cfg.rdzv_conf
+    assert ("key_prefix", "/t") in cfg.rdzv_conf
+
+
+def test_etcd_v3_without_its_package_is_one_line_naming_the_fix() -> None:
+    """An image without torch-etcd-v3 and ELASTIC_RDZV_BACKEND=etcd-v3: a bad setting (exit
+    2, one line), not a traceback from deep inside the worker."""
+    code = (
+        "import sys; sys.modules['torch_etcd_v3'] = None\n"
+        "from elastic_worker import config\n"
+        "try:\n"
+        "    config.rdzv_keys('etcd-v3')\n"
+        "except config.ConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
+    assert out.startswith("ELASTIC_RDZV_BACKEND=etcd-v3 needs the torch-etcd-v3 package")
+    assert "set global.rendezvousBackend=etcd-v2" in out
+    assert "\n" not in out

@@ -1,5 +1,7 @@
-"""End to end on this machine: real etcd (v2), real torchrun (gloo, CPU), the reference
-train.py, and elastic-worker as each node's entrypoint (plain processes on 127.0.0.1)."""
+"""End to end on this machine: real etcd, real torchrun (gloo, CPU), the reference
+train.py, and elastic-worker as each node's entrypoint (plain processes on 127.0.0.1).
+etcd-v2 throughout; the completion and SIGKILL scenarios also with etcd-v3 (torchrun
+--rdzv-backend=etcd-v3, the worker's keys on v3) against an etcd with the v2 API off."""
 
 from __future__ import annotations
 
@@ -13,9 +15,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from elastic_worker import etcdv2
 from testlib import EtcdServer
-from worker_helpers import TRAIN, Agent, descendants, wait_until, worker_env
+from worker_helpers import (
+    BACKENDS,
+    TRAIN,
+    Agent,
+    backend_etcd,
+    descendants,
+    keystore,
+    wait_until,
+    worker_env,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +35,18 @@ Start = Callable[..., Agent]
 
 
 @pytest.fixture
-def start_agent(etcd: EtcdServer, tmp_path: Path) -> Iterator[Start]:
+def backend() -> str:
+    """etcd-v2 unless a test parametrizes it."""
+    return "etcd-v2"
+
+
+@pytest.fixture
+def etcd(etcd_factory: Callable[..., EtcdServer], backend: str) -> EtcdServer:
+    return backend_etcd(etcd_factory, backend)
+
+
+@pytest.fixture
+def start_agent(etcd: EtcdServer, backend: str, tmp_path: Path) -> Iterator[Start]:
     agents: list[Agent] = []
 
     def start(name: str, job: str, train_args: list[str], **env: str) -> Agent:
@@ -33,7 +54,7 @@ def start_agent(etcd: EtcdServer, tmp_path: Path) -> Iterator[Start]:
         agent = Agent.start(
             name,
             args,
-            worker_env(etcd.endpoint, job, POD_NAME=name, **env),
+            worker_env(etcd.endpoint, job, POD_NAME=name, ELASTIC_RDZV_BACKEND=backend, **env),
             tmp_path / f"{name}.log",
         )
         agents.append(agent)
@@ -56,7 +77,8 @@ def steps(agent: Agent, since: float = 0.0) -> list[tuple[int, int, int]]:
 
 
 def complete_marker(etcd: EtcdServer, job: str) -> dict[str, str] | None:
-    value = etcdv2.Client(etcd.url).get_value(f"/elastic-job/{job}/complete")
+    backend = "etcd-v2" if etcd.v2 else "etcd-v3"
+    value = keystore(etcd, backend).get_value(f"/elastic-job/{job}/complete")
     return None if value is None else dict(json.loads(value))
 
 
@@ -85,8 +107,9 @@ def group_rank(agent: Agent) -> str:
     return "?"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_two_agents_train_to_the_end_while_a_spare_waits_then_exits_0(
-    start_agent: Start, etcd: EtcdServer
+    start_agent: Start, etcd: EtcdServer, backend: str
 ) -> None:
     args = ["--steps", "15", "--checkpoint-every", "5", "--step-seconds", "0.1"]
     agents = [
@@ -161,8 +184,13 @@ def test_sigterm_to_one_agent_checkpoints_and_the_others_resume_without_it(
         assert after[-1] == "[train] done step=40"
 
 
-@pytest.mark.parametrize("victim", ["rank0", "other"])
-def test_a_killed_node_costs_one_restart_and_seconds(start_agent: Start, victim: str) -> None:
+@pytest.mark.parametrize(
+    ("victim", "backend"),
+    [("rank0", "etcd-v2"), ("other", "etcd-v2"), ("rank0", "etcd-v3")],
+)
+def test_a_killed_node_costs_one_restart_and_seconds(
+    start_agent: Start, victim: str, backend: str
+) -> None:
     args = ["--steps", "50", "--checkpoint-every", "5", "--step-seconds", "0.2"]
     agents = [start_agent(f"w{i}", f"kill-{victim}", args) for i in range(3)]
     wait_until(
@@ -184,7 +212,7 @@ def test_a_killed_node_costs_one_restart_and_seconds(start_agent: Start, victim:
 
     wait_until("the survivors training as a group of two", re_formed, timeout=90)
     took = time.monotonic() - killed
-    print(f"recovery after SIGKILL of group rank {ranks[dead.name]}: {took:.1f} s")
+    print(f"{backend}: recovery after SIGKILL of group rank {ranks[dead.name]}: {took:.1f} s")
     for agent in survivors:
         assert agent.wait(180) == 0, agent.text()[-3000:]
         after = steps(agent, killed)

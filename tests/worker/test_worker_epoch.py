@@ -5,25 +5,28 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from elastic_worker import completion, config, epoch, etcdv2, launch
+from elastic_worker import completion, config, epoch, etcdv2, kvstore, launch
 from testlib import EtcdServer
-from worker_helpers import TRAIN, Agent, worker_env
+from worker_helpers import BACKENDS, TRAIN, Agent, backend_etcd, worker_env
 
 
 def _config(etcd: EtcdServer, job: str) -> config.Config:
-    env = worker_env(etcd.endpoint, job, POD_NAME="w0")
+    backend = "etcd-v2" if etcd.v2 else "etcd-v3"
+    env = worker_env(etcd.endpoint, job, POD_NAME="w0", ELASTIC_RDZV_BACKEND=backend)
     return config.load(["python", "train.py"], env)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_epoch_starts_at_the_job_id_and_advances_once_per_closed_rendezvous(
-    etcd: EtcdServer,
+    etcd_factory: Callable[..., EtcdServer], backend: str
 ) -> None:
-    """Two pods that both saw epoch N closed agree on N + 1, not N + 2."""
-    cfg = _config(etcd, "cas")
-    client = etcdv2.Client(etcd.url)
+    """Two pods that both saw epoch N closed agree on N + 1, not N + 2 (on either API)."""
+    cfg = _config(backend_etcd(etcd_factory, backend), "cas")
+    client = kvstore.connect(cfg)
     assert epoch.current(client, cfg) == 0
     assert epoch.run_id(cfg, 0) == "cas"
     results: list[int] = []
@@ -42,10 +45,15 @@ def test_epoch_starts_at_the_job_id_and_advances_once_per_closed_rendezvous(
     assert epoch.run_id(cfg, 2) == "cas-r2"
 
 
-def test_rendezvous_closed_is_torchs_own_answer(etcd: EtcdServer) -> None:
-    """Pins torch's public handler API (is_closed/set_closed on the etcd-v2 handler): if a
-    torch upgrade changes it, this fails instead of the job looping or giving up."""
-    cfg = _config(etcd, "closed")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rendezvous_closed_is_torchs_own_answer(
+    etcd_factory: Callable[..., EtcdServer], backend: str
+) -> None:
+    """Pins torch's public handler API (is_closed/set_closed on the backend's handler, the
+    one ELASTIC_RDZV_BACKEND names): if a torch upgrade changes it, this fails instead of
+    the job looping or giving up."""
+    cfg = _config(backend_etcd(etcd_factory, backend), "closed")
+    assert epoch.handler(cfg, "closed").get_backend() == backend
     assert epoch.rendezvous_closed(cfg, "closed") is False
     _close_rendezvous(cfg, "closed")
     assert epoch.rendezvous_closed(cfg, "closed") is True

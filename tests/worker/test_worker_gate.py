@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import http.server
 import json
 import logging
 import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -82,6 +85,86 @@ def test_an_etcd_without_v2_is_one_line_and_exit_4_at_once(
     assert "has no etcd v2 API (etcd 3.4" in errors[0]
     assert "etcd 3.6 removed the v2 API" in errors[0]
     assert took < 30  # at once, not after the 120 s gate timeout
+
+
+def test_the_etcd_v2_backend_on_an_etcd_without_v2_says_to_switch_to_etcd_v3(
+    etcd_factory: Callable[..., EtcdServer],
+) -> None:
+    """The one line names the endpoint, the backend and both fixes."""
+    etcd = etcd_factory(v2=False)
+    code, lines, _ = run_worker(worker_env(etcd.endpoint, "nov2fix", ELASTIC_GATE_TIMEOUT="60"))
+    assert code == 4
+    (line,) = [line for line in lines if "v2 API" in line]
+    assert f"http://{etcd.endpoint}" in line
+    assert "the etcd-v2 backend needs" in line
+    assert "set global.rendezvousBackend=etcd-v3" in line
+    assert "run etcd 3.5 with --enable-v2=true" in line
+
+
+def test_the_etcd_v3_backend_passes_the_gate_on_an_etcd_without_v2(
+    etcd_factory: Callable[..., EtcdServer],
+) -> None:
+    """ELASTIC_RDZV_BACKEND=etcd-v3 on an etcd with the v2 API off: the gate probes the v3
+    API, passes, and the peer gate registers this pod with a lease (exit 3 only because
+    the second peer never comes)."""
+    etcd = etcd_factory(v2=False)
+    env = worker_env(
+        etcd.endpoint,
+        "v3gate",
+        ELASTIC_RDZV_BACKEND="etcd-v3",
+        ELASTIC_GATE_PEERS="true",
+        ELASTIC_GATE_TIMEOUT="4",
+        POD_NAME="v3gate-worker-0",
+        POD_IP="198.18.0.9",
+    )
+    code, lines, _ = run_worker(env)
+    assert code == 3
+    assert lines[-1].endswith("waiting for: 2 peers (1 of 2 registered)"), lines
+    assert not [line for line in lines if "v2" in line], lines
+    key = base64.b64encode(b"/elastic-job/v3gate/members/v3gate-worker-0").decode()
+    req = urllib.request.Request(f"{etcd.url}/v3/kv/range", json.dumps({"key": key}).encode())
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        (kv,) = json.load(resp)["kvs"]
+    assert base64.b64decode(kv["value"]) == b"198.18.0.9"  # docs/contracts.md: the pod IP
+    assert int(kv["lease"]) != 0  # gone with its lease when the pod stops renewing it
+
+
+def test_the_etcd_v3_backend_on_an_endpoint_without_v3_is_one_line_and_exit_4() -> None:
+    """An HTTP server that 404s the v3 gateway (etcd before 3.4, or not etcd): exit 4 at
+    once, one line naming the endpoint, the backend and the fixes."""
+    with _not_found_server() as port:
+        env = worker_env(
+            f"127.0.0.1:{port}", "nov3", ELASTIC_RDZV_BACKEND="etcd-v3", ELASTIC_GATE_TIMEOUT="60"
+        )
+        code, lines, took = run_worker(env)
+    assert code == 4
+    (line,) = [line for line in lines if "v3 API" in line]
+    assert line.startswith(f"elastic-worker: rendezvous endpoint http://127.0.0.1:{port} ")
+    assert "has no etcd v3 API" in line
+    assert "the etcd-v3 backend needs: run etcd 3.4 or newer" in line
+    assert "global.rendezvousBackend=etcd-v2" in line
+    assert took < 30
+
+
+@contextlib.contextmanager
+def _not_found_server() -> Iterator[int]:
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def _404(self) -> None:
+            self.send_response(404)
+            self.end_headers()
+            self.wfile.write(b"404 page not found\n")
+
+        do_GET = do_POST = _404
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield httpd.server_address[1]
+    finally:
+        httpd.shutdown()
 
 
 def test_an_etcd_that_does_not_answer_times_out_with_exit_3() -> None:

@@ -129,3 +129,14 @@ def test_torch_reads_the_variables_build_env_sets(monkeypatch: pytest.MonkeyPatc
     assert handler.use_agent_store is False
     monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "17")
     assert LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1).shutdown_timeout == 17
+
+
+def test_build_argv_passes_the_backend_from_the_config() -> None:
+    """ELASTIC_RDZV_BACKEND=etcd-v3: torchrun gets --rdzv-backend=etcd-v3, and torch's
+    registry has that backend (the torch-etcd-v3 package's entry point)."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry  # noqa: PLC0415
+
+    argv = launch.build_argv(cfg(["train.py"], ELASTIC_RDZV_BACKEND="etcd-v3"), None, python="/py")
+    assert "--rdzv-backend=etcd-v3" in argv
+    assert "--rdzv-backend=etcd-v2" not in argv
+    assert "etcd-v3" in rendezvous_handler_registry._registry

@@ -1,6 +1,7 @@
-"""Round liveness (liveness.py) against a real etcd: a member that stops renewing its key
-(frozen with SIGSTOP, as a cut link or a frozen VM would) makes the others stop their
-training process at once; healthy members, a clean leave and a completed job stop none.
+"""Round liveness (liveness.py) against a real etcd, on both backends' APIs (v2 TTLs, v3
+leases): a member that stops renewing its key (frozen with SIGSTOP, as a cut link or a
+frozen VM would) makes the others stop their training process at once; healthy members, a
+clean leave and a completed job stop none.
 
 Each pod's liveness runs in its own process (tests/worker/liveness_pod.py); each pod's
 "training process" is a real process with torch's MASTER_ADDR/MASTER_PORT in its
@@ -9,21 +10,23 @@ environment, announced by an attempt line with its PID as the attempt shim write
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from elastic_worker import completion, config, etcdv2, liveness
+from elastic_worker import completion, config, kvstore, liveness
 from elastic_worker.attempt import ATTEMPT_PREFIX
 from testlib import EtcdServer
-from worker_helpers import PYTHON, wait_until
+from worker_helpers import BACKENDS, PYTHON, backend_etcd, keystore, wait_until
 
 POD_SCRIPT = Path(__file__).with_name("liveness_pod.py")
 JOB = "live42"
@@ -31,11 +34,28 @@ MASTER = ("10.0.0.1", "29400")
 ROUND = f"{JOB}@{MASTER[0]}:{MASTER[1]}"
 
 
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def etcd(etcd_factory: Callable[..., EtcdServer], backend: str) -> EtcdServer:
+    """The etcd for the backend (v2 API off for etcd-v3)."""
+    return backend_etcd(etcd_factory, backend)
+
+
+@pytest.fixture
+def client(etcd: EtcdServer, backend: str) -> kvstore.KeyStore:
+    return keystore(etcd, backend, JOB)
+
+
 def pod_env(etcd: EtcdServer, name: str) -> dict[str, str]:
     return {
         "PATH": os.environ["PATH"],
         "ELASTIC_JOB_ID": JOB,
         "ELASTIC_RDZV_ENDPOINT": etcd.endpoint,
+        "ELASTIC_RDZV_BACKEND": "etcd-v2" if etcd.v2 else "etcd-v3",
         "ELASTIC_MIN_NODES": "2",
         "ELASTIC_MAX_NODES": "3",
         "ELASTIC_INJECT_ENV": "/nonexistent",
@@ -52,7 +72,7 @@ def sleeper(env: dict[str, str]) -> subprocess.Popen[bytes]:
     return proc
 
 
-def members(client: etcdv2.Client) -> list[str | None]:
+def members(client: kvstore.KeyStore) -> list[str | None]:
     """The values of the members' keys in the round (its marker left out)."""
     nodes = client.list_dir(f"/elastic-job/{JOB}/rounds/{ROUND}")
     return [n.value for n in nodes if not n.key.endswith(f"/{liveness.MARKER}")]
@@ -69,7 +89,7 @@ class Pod:
 
 
 @pytest.fixture
-def pods(etcd: EtcdServer, tmp_path: Path) -> Iterator[dict[str, Pod]]:
+def pods(etcd: EtcdServer, client: kvstore.KeyStore, tmp_path: Path) -> Iterator[dict[str, Pod]]:
     made: dict[str, Pod] = {}
     for rank, name in enumerate(("pod-a", "pod-b", "pod-c")):
         log = tmp_path / f"{name}.attempts"
@@ -83,7 +103,6 @@ def pods(etcd: EtcdServer, tmp_path: Path) -> Iterator[dict[str, Pod]]:
             f"pid={program.pid}\n"
         )
         made[name] = Pod(name, watch, program)
-    client = etcdv2.Client(etcd.url)
 
     wait_until("the three members' keys", lambda: members(client) == [liveness.ALIVE] * 3, 20)
     yield made
@@ -117,14 +136,13 @@ def test_a_frozen_member_stops_the_others_training_within_the_ttl_and_itself_on_
 
 
 def test_healthy_members_and_a_clean_leave_stop_nothing(
-    pods: dict[str, Pod], etcd: EtcdServer
+    pods: dict[str, Pod], client: kvstore.KeyStore
 ) -> None:
     time.sleep(liveness.TTL * 2)
     assert all(p.program.poll() is None for p in pods.values())
     # pod-b's attempt ends by itself, then its worker exits: both are clean leaves.
     pods["pod-b"].program.terminate()
     pods["pod-b"].program.wait()
-    client = etcdv2.Client(etcd.url)
     key = f"/elastic-job/{JOB}/rounds/{ROUND}/pod-b"
     wait_until("pod-b's key to say left", lambda: client.get_value(key) == liveness.LEFT, 5)
     pods["pod-c"].watch.terminate()
@@ -140,26 +158,36 @@ def test_healthy_members_and_a_clean_leave_stop_nothing(
 
 
 def test_a_lapse_after_the_job_completed_stops_nothing(
-    pods: dict[str, Pod], etcd: EtcdServer
+    pods: dict[str, Pod], etcd: EtcdServer, client: kvstore.KeyStore
 ) -> None:
     cfg = config.load(["train.py"], pod_env(etcd, "pod-a"))
-    completion.mark_complete(etcdv2.Client(etcd.url), cfg)
+    completion.mark_complete(client, cfg)
     os.kill(pods["pod-b"].watch.pid, signal.SIGSTOP)
     time.sleep(liveness.TTL + 3)
     assert pods["pod-a"].program.poll() is None
     assert pods["pod-c"].program.poll() is None
 
 
+def _wipe(etcd: EtcdServer, prefix: str) -> None:
+    """Delete every key under `prefix` directly, with the API the backend uses."""
+    if etcd.v2:
+        req = urllib.request.Request(
+            f"{etcd.url}/v2/keys{prefix.rstrip('/')}?recursive=true", method="DELETE"
+        )
+    else:
+        raw = prefix.encode()
+        end = raw[:-1] + bytes([raw[-1] + 1])
+        body = {"key": base64.b64encode(raw).decode(), "range_end": base64.b64encode(end).decode()}
+        req = urllib.request.Request(f"{etcd.url}/v3/kv/deleterange", json.dumps(body).encode())
+    urllib.request.urlopen(req, timeout=5).close()
+
+
 def test_etcd_losing_its_data_stops_nothing_and_the_keys_come_back(
-    pods: dict[str, Pod], etcd: EtcdServer
+    pods: dict[str, Pod], etcd: EtcdServer, client: kvstore.KeyStore
 ) -> None:
     # What a new etcd pod with an empty data directory looks like to the members: every
     # key of the round gone at once (no member is the one cut off).
-    req = urllib.request.Request(
-        f"{etcd.url}/v2/keys/elastic-job/{JOB}?recursive=true", method="DELETE"
-    )
-    urllib.request.urlopen(req, timeout=5).close()
-    client = etcdv2.Client(etcd.url)
+    _wipe(etcd, f"/elastic-job/{JOB}/")
     wait_until("the three keys again", lambda: members(client) == [liveness.ALIVE] * 3, 5)
     time.sleep(liveness.TTL + 2)
     assert all(p.program.poll() is None for p in pods.values())

@@ -126,7 +126,7 @@ def test_the_workers_keys_work_over_tls_with_the_charts_settings(
     assert cfg.tls is not None and (cfg.tls.cert is not None) is mutual
     client = etcdv2.connect(cfg)
 
-    assert gate.etcd_v2_probe(client, cfg)() == (True, "")
+    assert gate.etcd_api_probe(client, cfg)() == (True, "")
     assert not completion.is_complete(client, cfg)
     completion.mark_complete(client, cfg)
     assert completion.is_complete(client, cfg)

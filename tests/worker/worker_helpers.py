@@ -12,6 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from elastic_worker import config, kvstore
+from elastic_worker.kvstore import KeyStore
+from testlib import EtcdServer
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
 WORKER = BIN / "elastic-worker"
@@ -121,3 +125,28 @@ def wait_until(
             return
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+#: The rendezvous backends; the worker's own keys use the backend's etcd API.
+BACKENDS = ("etcd-v2", "etcd-v3")
+
+
+def backend_etcd(
+    etcd_factory: Callable[..., EtcdServer], backend: str, version: str = "3.4"
+) -> EtcdServer:
+    """A real etcd for the backend: with the v2 API on for etcd-v2, and off for etcd-v3
+    (as etcd 3.6 has none), so that a v3 test cannot lean on v2 by accident."""
+    return etcd_factory(v2=backend == "etcd-v2", version=version)
+
+
+def keystore(etcd: EtcdServer, backend: str, job: str = "kv") -> KeyStore:
+    """The worker's client for `etcd`, made as the worker makes it (kvstore.connect)."""
+    env = {
+        "ELASTIC_JOB_ID": job,
+        "ELASTIC_RDZV_ENDPOINT": etcd.endpoint,
+        "ELASTIC_RDZV_BACKEND": backend,
+        "ELASTIC_MIN_NODES": "1",
+        "ELASTIC_MAX_NODES": "1",
+        "ELASTIC_INJECT_ENV": "/nonexistent",
+    }
+    return kvstore.connect(config.load(["train.py"], env))

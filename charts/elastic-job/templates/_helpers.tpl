@@ -166,6 +166,12 @@ nothing (its PodDisruptionBudget) pins a node; empty with an external rendezvous
 {{- end -}}
 {{- end -}}
 
+{{/* torchrun's rendezvous backend, etcd-v2 or etcd-v3: global.rendezvousBackend, the one
+value the bundled etcd follows too (etcd-rendezvous.backend reads the same global). */}}
+{{- define "elastic-job.rdzvBackend" -}}
+{{- (.Values.global | default dict).rendezvousBackend | default "etcd-v2" -}}
+{{- end -}}
+
 {{/* Rendezvous endpoint host:port: the bundled etcd's client Service, or the external one. */}}
 {{- define "elastic-job.rdzvEndpoint" -}}
 {{- if include "elastic-job.etcdEnabled" . -}}
@@ -199,7 +205,8 @@ bundled etcd has cert-manager issue its certificates, the Secrets it names.
 {{- end -}}
 {{- end -}}
 
-{{/* torchrun --rdzv-conf for the etcd-v2 (dynamic) handler: "k=v,k=v". */}}
+{{/* torchrun --rdzv-conf, "k=v,k=v": the same keys for the etcd-v2 and etcd-v3 handlers (both
+torch's dynamic rendezvous; TLS keys named alike). */}}
 {{- define "elastic-job.rdzvConf" -}}
 {{- $r := .Values.rendezvous -}}
 {{- $conf := list

@@ -75,7 +75,11 @@ interpreter the script (or the module after -m). Empty arguments elsewhere are d
 {{- end -}}
 {{- else -}}
 {{- if not $v.rendezvous.endpoint -}}
-{{- fail "rendezvous.endpoint is empty while etcd-rendezvous.enabled is false: set rendezvous.endpoint to host:port of an etcd 3.5 with the v2 API on" -}}
+{{- if eq (include "elastic-job.rdzvBackend" .) "etcd-v3" -}}
+{{- fail "rendezvous.endpoint is empty while etcd-rendezvous.enabled is false: set rendezvous.endpoint to host:port of an etcd 3.5 or 3.6 (global.rendezvousBackend=etcd-v3 uses its v3 API)" -}}
+{{- else -}}
+{{- fail "rendezvous.endpoint is empty while etcd-rendezvous.enabled is false: set rendezvous.endpoint to host:port of an etcd 3.5 with the v2 API on (or, for an etcd 3.6, set global.rendezvousBackend=etcd-v3)" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- if and $v.rendezvous.tls.enabled (not (include "elastic-job.rdzvCaSecret" .)) -}}
@@ -118,7 +122,7 @@ none that loads code or says where code is loaded from. */ -}}
 {{- end -}}
 {{- end -}}
 {{- /* Names the chart sets on the worker container; the user's env must not repeat them. */ -}}
-{{- $owned := list "ELASTIC_JOB_ID" "ELASTIC_RDZV_ENDPOINT" "ELASTIC_MIN_NODES" "ELASTIC_MAX_NODES" "ELASTIC_NPROC_PER_NODE" "ELASTIC_MAX_RESTARTS" "ELASTIC_RDZV_CONF" "ELASTIC_MONITOR_INTERVAL" "ELASTIC_LOSS_DETECTION" "ELASTIC_WARM_START" "ELASTIC_WARM_PRELOAD" "ELASTIC_GATE_TIMEOUT" "ELASTIC_GATE_PEERS" "ELASTIC_MESH_INTERFACES" "ELASTIC_MESH_REQUIRED" "ELASTIC_INJECT_ENV" "ELASTIC_GRACE_PERIOD" "ELASTIC_SCALE_DOWN" "ELASTIC_STATEFULSETS" "ELASTIC_RENDEZVOUS_STATEFULSET" "ELASTIC_GROUP" "ELASTIC_METRICS" "ELASTIC_METRICS_PORT" "ELASTIC_EVENTS" "CHECKPOINT_DIR" "POD_NAME" "POD_NAMESPACE" "POD_IP" "POD_UID" "NODE_NAME" -}}
+{{- $owned := list "ELASTIC_JOB_ID" "ELASTIC_RDZV_ENDPOINT" "ELASTIC_RDZV_BACKEND" "ELASTIC_MIN_NODES" "ELASTIC_MAX_NODES" "ELASTIC_NPROC_PER_NODE" "ELASTIC_MAX_RESTARTS" "ELASTIC_RDZV_CONF" "ELASTIC_MONITOR_INTERVAL" "ELASTIC_LOSS_DETECTION" "ELASTIC_WARM_START" "ELASTIC_WARM_PRELOAD" "ELASTIC_GATE_TIMEOUT" "ELASTIC_GATE_PEERS" "ELASTIC_MESH_INTERFACES" "ELASTIC_MESH_REQUIRED" "ELASTIC_INJECT_ENV" "ELASTIC_GRACE_PERIOD" "ELASTIC_SCALE_DOWN" "ELASTIC_STATEFULSETS" "ELASTIC_RENDEZVOUS_STATEFULSET" "ELASTIC_GROUP" "ELASTIC_METRICS" "ELASTIC_METRICS_PORT" "ELASTIC_EVENTS" "CHECKPOINT_DIR" "POD_NAME" "POD_NAMESPACE" "POD_IP" "POD_UID" "NODE_NAME" -}}
 {{- range $name := $groups -}}
 {{- $g := index $v.workerGroups $name -}}
 {{- $s := include "elastic-job.groupSettings" (dict "root" $ "name" $name "group" $g) | fromYaml -}}

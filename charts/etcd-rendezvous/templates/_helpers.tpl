@@ -148,13 +148,19 @@ set (the tag is kept: the chart checks it names a 3.5 release). Twin of elastic-
 {{- printf "%s-client-tls" (include "etcd-rendezvous.fullname" .) -}}
 {{- end -}}
 
+{{/* The clients' rendezvous backend (global.rendezvousBackend): etcd-v2 or etcd-v3. */}}
+{{- define "etcd-rendezvous.backend" -}}
+{{- (.Values.global | default dict).rendezvousBackend | default "etcd-v2" -}}
+{{- end -}}
+
 {{- define "etcd-rendezvous.scheme" -}}
 {{- if .Values.tls.enabled }}https{{ else }}http{{ end -}}
 {{- end -}}
 
 {{/*
-Render-time checks. The image tag must be a 3.5 release, 3.5.11 or later: /livez and
-/readyz arrived in 3.5.11, and 3.6 removed the v2 API torch's etcd-v2 backend speaks.
+Render-time checks. The image tag must be 3.5.11 or later: /livez and /readyz arrived in
+3.5.11. With the etcd-v2 backend it must be a 3.5 release: 3.6 removed the v2 API torch's
+etcd-v2 backend speaks. With etcd-v3 3.6 is accepted too; a later minor is not (untested).
 A digest may follow the tag (v3.5.21@sha256:...).
 */}}
 {{- define "etcd-rendezvous.validate" -}}
@@ -169,8 +175,13 @@ A digest may follow the tag (v3.5.21@sha256:...).
 {{- $major := index $parts 0 | atoi -}}
 {{- $minor := index $parts 1 | atoi -}}
 {{- $patch := index $parts 2 | atoi -}}
-{{- if or (gt $major 3) (and (eq $major 3) (ge $minor 6)) -}}
-{{- fail (printf "%simage.tag %q: etcd 3.6 and later removed the v2 API that torch's etcd-v2 rendezvous backend needs; pin a 3.5 release, 3.5.11 or later (e.g. v3.5.21)" $at $tag) -}}
+{{- $backend := include "etcd-rendezvous.backend" . -}}
+{{- if eq $backend "etcd-v3" -}}
+{{- if or (gt $major 3) (and (eq $major 3) (ge $minor 7)) -}}
+{{- fail (printf "%simage.tag %q: the chart supports etcd 3.5 (3.5.11 or later) and 3.6; pin one of those (e.g. v3.6.5)" $at $tag) -}}
+{{- end -}}
+{{- else if or (gt $major 3) (and (eq $major 3) (ge $minor 6)) -}}
+{{- fail (printf "%simage.tag %q: etcd 3.6 and later removed the v2 API that torch's etcd-v2 rendezvous backend needs; pin a 3.5 release, 3.5.11 or later (e.g. v3.5.21), or set global.rendezvousBackend=etcd-v3" $at $tag) -}}
 {{- end -}}
 {{- if or (lt $major 3) (and (eq $major 3) (lt $minor 5)) (and (eq $major 3) (eq $minor 5) (lt $patch 11)) -}}
 {{- fail (printf "%simage.tag %q is older than 3.5.11, the first release with /livez and /readyz for the probes; pin a 3.5 release, 3.5.11 or later (e.g. v3.5.21)" $at $tag) -}}

@@ -9,7 +9,7 @@ import urllib.error
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-from elastic_worker import etcdv2, kubeapi
+from elastic_worker import kubeapi, kvstore
 from elastic_worker.config import Config, KubeApi
 
 logger = logging.getLogger(__name__)
@@ -19,21 +19,21 @@ def complete_key(config: Config) -> str:
     return f"{config.key_prefix}/complete"
 
 
-def is_complete(client: etcdv2.Client, config: Config) -> bool:
+def is_complete(client: kvstore.KeyStore, config: Config) -> bool:
     return client.get_value(complete_key(config)) is not None
 
 
-def complete_now(client: etcdv2.Client, config: Config) -> bool:
+def complete_now(client: kvstore.KeyStore, config: Config) -> bool:
     """Whether the job is complete, asked once: the marker in etcd, or, when etcd cannot
     answer (a finished job scales it to 0 after the workers), the rendezvous' scale."""
     try:
         return is_complete(client, config)
-    except etcdv2.EtcdError as exc:
+    except kvstore.EtcdError as exc:
         logger.debug("completion check failed: %s", exc)
         return rendezvous_scaled_to_zero(config)
 
 
-def mark_complete(client: etcdv2.Client, config: Config) -> bool:
+def mark_complete(client: kvstore.KeyStore, config: Config) -> bool:
     """Set the marker once; a marker another pod set first is left as it is. True when
     this pod set it."""
     value = json.dumps(
@@ -42,14 +42,14 @@ def mark_complete(client: etcdv2.Client, config: Config) -> bool:
     try:
         client.set(complete_key(config), value, prev_exist=False)
         logger.info("training succeeded: marked %s", complete_key(config))
-    except etcdv2.NodeExists:
+    except kvstore.NodeExists:
         logger.info("training succeeded; %s was already set", complete_key(config))
         return False
     return True
 
 
 def wait_complete(
-    client: etcdv2.Client,
+    client: kvstore.KeyStore,
     config: Config,
     timeout: float,
     *,
@@ -62,7 +62,7 @@ def wait_complete(
         try:
             if is_complete(client, config):
                 return True
-        except etcdv2.EtcdError as exc:
+        except kvstore.EtcdError as exc:
             logger.debug("completion check failed: %s", exc)
             if rendezvous_scaled_to_zero(config):
                 return True

@@ -29,6 +29,8 @@ NODE_INFO = (
     ("zone", "NODE_ZONE"),
 )
 
+BACKENDS = ("etcd-v2", "etcd-v3")
+
 # Keys torch's etcd-v2 rendezvous reads from --rdzv-conf (torch 2.13).
 KNOWN_RDZV_KEYS = frozenset(
     {
@@ -59,6 +61,22 @@ _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 class ConfigError(ValueError):
     """A setting is missing or malformed; the message is the one line to print."""
+
+
+def rdzv_keys(backend: str) -> frozenset[str]:
+    """The --rdzv-conf keys the backend's handler (and torch's rendezvous) read."""
+    if backend == "etcd-v3":
+        # The handler's own list; importing it imports torch, which etcd-v3 runs anyway.
+        try:
+            from torch_etcd_v3.config import KEYS  # noqa: PLC0415
+        except ImportError as exc:
+            raise ConfigError(
+                f"ELASTIC_RDZV_BACKEND=etcd-v3 needs the torch-etcd-v3 package ({exc}): "
+                "use the project's worker image, pip install packages/torch-etcd-v3, or set "
+                "global.rendezvousBackend=etcd-v2"
+            ) from None
+        return KEYS
+    return KNOWN_RDZV_KEYS
 
 
 @dataclass(frozen=True)
@@ -134,6 +152,7 @@ class KubeApi:
 class Config:
     job_id: str
     endpoint: Endpoint
+    rdzv_backend: str
     min_nodes: int
     max_nodes: int
     nproc_per_node: str
@@ -178,7 +197,7 @@ class Config:
 
     @property
     def key_prefix(self) -> str:
-        """The project's own etcd v2 directory for this job."""
+        """The project's own etcd key prefix ("directory") for this job."""
         return f"/elastic-job/{self.job_id}"
 
     def matches_mesh(self, ifname: str) -> bool:
@@ -268,7 +287,7 @@ def parse_endpoint(raw: str, name: str = "ELASTIC_RDZV_ENDPOINT") -> Endpoint:
     return Endpoint(host, int(port_text))
 
 
-def _pairs(raw: str, name: str) -> dict[str, str]:
+def _pairs(raw: str, name: str, known: frozenset[str] = KNOWN_RDZV_KEYS) -> dict[str, str]:
     given: dict[str, str] = {}
     for item in (part.strip() for part in raw.split(",")):
         if not item:
@@ -277,18 +296,36 @@ def _pairs(raw: str, name: str) -> dict[str, str]:
         key, value = key.strip(), value.strip()
         if not sep or not key or not value:
             raise ConfigError(f"{name}: {item!r} is not key=value (e.g. last_call_timeout=2)")
-        if key not in KNOWN_RDZV_KEYS:
-            known = ", ".join(sorted(KNOWN_RDZV_KEYS))
-            raise ConfigError(f"{name}: unknown key {key!r}; torch's etcd-v2 reads: {known}")
+        if key not in known:
+            reader = (
+                "torch-etcd-v3's etcd-v3" if known is not KNOWN_RDZV_KEYS else "torch's etcd-v2"
+            )
+            raise ConfigError(
+                f"{name}: unknown key {key!r}; {reader} reads: {', '.join(sorted(known))}"
+            )
         given[key] = value
     return given
 
 
-def parse_rdzv_conf(raw: str, name: str = "ELASTIC_RDZV_CONF") -> tuple[tuple[str, str], ...]:
-    """`k=v,k=v` into ordered pairs; the default's pairs fill the keys not given."""
-    merged = _pairs(RDZV_CONF_DEFAULT, name)
-    merged.update(_pairs(raw, name))
+def parse_rdzv_conf(
+    raw: str, name: str = "ELASTIC_RDZV_CONF", backend: str = "etcd-v2"
+) -> tuple[tuple[str, str], ...]:
+    """`k=v,k=v` into ordered pairs, keys checked against the backend's; the default's
+    pairs fill the keys not given."""
+    known = rdzv_keys(backend)
+    merged = _pairs(RDZV_CONF_DEFAULT, name, known)
+    merged.update(_pairs(raw, name, known))
     return tuple(merged.items())
+
+
+def _backend(env: Mapping[str, str]) -> str:
+    raw = text(env, "ELASTIC_RDZV_BACKEND")
+    if raw not in BACKENDS:
+        raise ConfigError(
+            f"ELASTIC_RDZV_BACKEND={raw!r} is not a rendezvous backend: use etcd-v2 or etcd-v3 "
+            "(chart: global.rendezvousBackend)"
+        )
+    return raw
 
 
 def _tls_file(key: str, path: str) -> str:
@@ -382,13 +419,15 @@ def load(
     pod_name = text(env, "POD_NAME") or socket.gethostname()
     if "/" in pod_name:
         raise ConfigError(f"POD_NAME={pod_name!r} must not contain '/'")
-    rdzv_conf = parse_rdzv_conf(text(env, "ELASTIC_RDZV_CONF"))
+    backend = _backend(env)
+    rdzv_conf = parse_rdzv_conf(text(env, "ELASTIC_RDZV_CONF"), backend=backend)
     # "," alone is no glob: the default's, as for an empty value.
     mesh = _list(env, "ELASTIC_MESH_INTERFACES") or _list({}, "ELASTIC_MESH_INTERFACES")
 
     return Config(
         job_id=job_id,
         endpoint=endpoint,
+        rdzv_backend=backend,
         min_nodes=min_nodes,
         max_nodes=max_nodes,
         nproc_per_node=_nproc(env),

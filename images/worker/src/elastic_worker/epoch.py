@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from elastic_worker import etcdv2
+from elastic_worker import kvstore
 from elastic_worker.config import Config
 
 if TYPE_CHECKING:  # torch is imported only when a closed rendezvous must be checked
@@ -37,7 +37,7 @@ def run_id(config: Config, epoch: int) -> str:
     return config.job_id if epoch == 0 else f"{config.job_id}-r{epoch}"
 
 
-def current(client: etcdv2.Client, config: Config) -> int:
+def current(client: kvstore.KeyStore, config: Config) -> int:
     value = client.get_value(epoch_key(config))
     if value is None:
         return 0
@@ -48,7 +48,7 @@ def current(client: etcdv2.Client, config: Config) -> int:
         return 0
 
 
-def advance(client: etcdv2.Client, config: Config, seen: int) -> int:
+def advance(client: kvstore.KeyStore, config: Config, seen: int) -> int:
     """Move the epoch from `seen` to `seen + 1` unless another pod moved it first (a
     compare-and-swap); return the epoch in force afterwards."""
     try:
@@ -57,7 +57,7 @@ def advance(client: etcdv2.Client, config: Config, seen: int) -> int:
         else:
             client.set(epoch_key(config), str(seen + 1), prev_value=str(seen))
         return seen + 1
-    except (etcdv2.NodeExists, etcdv2.CompareFailed, etcdv2.KeyNotFound):
+    except (kvstore.NodeExists, kvstore.CompareFailed, kvstore.KeyNotFound):
         return current(client, config)
 
 
@@ -69,7 +69,7 @@ def handler(config: Config, rdzv_id: str) -> RendezvousHandler:
     )
 
     params = RendezvousParameters(
-        backend="etcd-v2",
+        backend=config.rdzv_backend,
         endpoint=str(config.endpoint),
         run_id=rdzv_id,
         min_nodes=config.min_nodes,

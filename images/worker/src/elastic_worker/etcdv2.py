@@ -1,4 +1,5 @@
-"""A minimal etcd v2 keys client for the project's own keys (stdlib HTTP, bounded waits).
+"""A minimal etcd v2 keys client for the project's own keys (stdlib HTTP, bounded waits),
+the etcd-v2 backend's kvstore.KeyStore.
 
 torch's etcd-v2 rendezvous talks to etcd through python-etcd; the entrypoint only
 needs get/set/delete/list with a short timeout on every call, so it speaks the v2
@@ -17,94 +18,47 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from typing import Any
 
 from elastic_worker.config import Config
+from elastic_worker.kvstore import (
+    DEFAULT_TIMEOUT,
+    CompareFailed,
+    EtcdError,
+    KeyNotFound,
+    KeyStore,
+    NoApi,
+    Node,
+    NodeExists,
+    TlsRefused,
+    Unavailable,
+)
+from elastic_worker.kvstore import tls_refusal as _tls_refusal
+
+__all__ = [
+    "Client",
+    "CompareFailed",
+    "EtcdError",
+    "KeyNotFound",
+    "NoApi",
+    "Node",
+    "NodeExists",
+    "TlsRefused",
+    "Unavailable",
+    "connect",
+]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT = 5.0
 _KEY_NOT_FOUND = 100
 _COMPARE_FAILED = 101
 _NODE_EXISTS = 105
-
-
-class EtcdError(Exception):
-    """etcd answered with an error or could not be reached."""
-
-
-class Unavailable(EtcdError):
-    """No answer (connection refused, timeout, DNS) or a server error."""
-
-
-class NoV2Api(EtcdError):
-    """The server answers HTTP but has no v2 keys API (etcd 3.6+, --enable-v2=false)."""
-
-
-class TlsRefused(EtcdError):
-    """TLS cannot work with these settings; waiting does not help.
-
-    `side` says whose certificate or protocol failed: "server" (this worker does not
-    trust etcd's certificate), "client" (etcd refused this worker's certificate, or
-    wants one) or "protocol" (https to a server that speaks plain HTTP)."""
-
-    def __init__(self, side: str, detail: str) -> None:
-        super().__init__(detail)
-        self.side = side
-
-
-# OpenSSL's names for the alerts a server sends when it refuses the client certificate.
-_CLIENT_CERT_ALERTS = (
-    "CERTIFICATE_REQUIRED",
-    "BAD_CERTIFICATE",
-    "UNKNOWN_CA",
-    "CERTIFICATE_UNKNOWN",
-    "HANDSHAKE_FAILURE",
-    "CERTIFICATE_EXPIRED",
-    "CERTIFICATE_REVOKED",
-    "UNSUPPORTED_CERTIFICATE",
-    "ACCESS_DENIED",
-)
-
 
 #: How long a TLS server must drop every connection the same way (and at least 3 times)
 #: before it counts as a refusal: one drop without an alert can be a restart or a proxy
 #: starting up; the same drop for seconds on end is not.
 TLS_DROPS_TO_REFUSE = 3
 TLS_DROP_SECONDS = 5.0
-
-
-def _tls_refusal(reason: object) -> TlsRefused | None:
-    """A refusal the error itself proves (an alert, a certificate that fails to verify)."""
-    if isinstance(reason, ssl.SSLCertVerificationError):
-        return TlsRefused("server", str(reason.verify_message or reason))
-    if isinstance(reason, ssl.SSLError):
-        name = str(reason.reason or "")
-        if name == "WRONG_VERSION_NUMBER":
-            return TlsRefused("protocol", "the server does not speak TLS")
-        if any(alert in name for alert in _CLIENT_CERT_ALERTS):
-            return TlsRefused("client", f"the server sent {name}")
-    return None
-
-
-class KeyNotFound(EtcdError):
-    pass
-
-
-class NodeExists(EtcdError):
-    pass
-
-
-class CompareFailed(EtcdError):
-    """A compare-and-swap found another value than the one expected."""
-
-
-@dataclass(frozen=True)
-class Node:
-    key: str
-    value: str | None
-    children: tuple[Node, ...] = ()
 
 
 def _node(data: dict[str, Any]) -> Node:
@@ -116,7 +70,10 @@ def _node(data: dict[str, Any]) -> Node:
 
 
 class Client:
-    """`context` is the TLS context for an https `base_url` (config.RdzvTls.context)."""
+    """The v2 keys API (kvstore.KeyStore). `context` is the TLS context for an https
+    `base_url` (config.RdzvTls.context)."""
+
+    api = "v2"
 
     def __init__(
         self,
@@ -196,7 +153,7 @@ class Client:
             data = None
         if not isinstance(data, dict) or "errorCode" not in data:
             if exc.code in (404, 405):
-                return NoV2Api(f"{self.base_url} has no etcd v2 API (HTTP {exc.code})")
+                return NoApi(f"{self.base_url} has no etcd v2 API (HTTP {exc.code})")
             return Unavailable(f"{self.base_url}: HTTP {exc.code}")
         code = int(data["errorCode"])
         message = f"{data.get('message', '')} ({data.get('cause', key)})"
@@ -264,10 +221,13 @@ class Client:
         except KeyNotFound:
             return []
 
-    def check_v2(self) -> None:
-        """Raise NoV2Api or Unavailable unless the v2 keys API answers."""
+    def check_api(self) -> None:
+        """Raise NoApi or Unavailable unless the v2 keys API answers."""
         with contextlib.suppress(KeyNotFound):
             self._request("GET", "/")
+
+    def with_timeout(self, timeout: float) -> KeyStore:
+        return Client(self.base_url, timeout, context=self.context)
 
     def server_version(self) -> str:
         """etcd's /version, e.g. '3.6.0', or '' when it cannot be read."""
@@ -278,8 +238,10 @@ class Client:
             return ""
 
 
-def connect(config: Config) -> Client:
+def connect(config: Config, timeout: float = DEFAULT_TIMEOUT) -> Client:
     """The worker's client for the job's etcd: https with the CA and client certificate
     torch's handler is given (config.RdzvTls), plain http when torch's is. Raises
     config.ConfigError when a TLS file cannot be used."""
-    return Client(config.rdzv_url, context=config.tls.ssl_context() if config.tls else None)
+    return Client(
+        config.rdzv_url, timeout, context=config.tls.ssl_context() if config.tls else None
+    )

@@ -6,8 +6,9 @@ OK = 0
 #: A setting is missing or wrong (one line names it), TLS to etcd included.
 CONFIG = 2
 GATE_TIMEOUT = 3
-#: The endpoint answers HTTP but has no etcd v2 API (etcd 3.6, --enable-v2=false).
-NO_V2 = 4
+#: The endpoint answers HTTP but lacks the etcd API of the rendezvous backend: v2 for
+#: etcd-v2 (etcd 3.6, --enable-v2=false), v3 for etcd-v3 (etcd before 3.4).
+NO_API = 4
 
 
 def from_returncode(returncode: int) -> int:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from elastic_worker import etcdv2, exits, netif
+from elastic_worker import exits, kvstore, netif
 from elastic_worker.config import Config, RdzvTls
 
 logger = logging.getLogger(__name__)
@@ -26,7 +26,8 @@ POLL_EVERY = 0.5
 
 
 class Fatal(Exception):
-    """Waiting cannot help (no v2 API, TLS refused); `exit_code` is the process's."""
+    """Waiting cannot help (no API for the backend, TLS refused); `exit_code` is the
+    process's."""
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
@@ -136,7 +137,7 @@ class Resolver:
         return True, ""
 
 
-def tls_refused_message(exc: etcdv2.TlsRefused, config: Config) -> str:
+def tls_refused_message(exc: kvstore.TlsRefused, config: Config) -> str:
     """One line naming the setting to fix, as the user sets it (ELASTIC_RDZV_CONF, and
     the chart value behind it)."""
     url = config.rdzv_url
@@ -164,22 +165,37 @@ def tls_refused_message(exc: etcdv2.TlsRefused, config: Config) -> str:
     )
 
 
-def etcd_v2_probe(client: etcdv2.Client, config: Config) -> Callable[[], CheckResult]:
+def no_api_message(client: kvstore.KeyStore, config: Config) -> str:
+    """One line: the endpoint lacks the API of the backend, and what to change."""
+    version = client.server_version()
+    what = f"etcd {version}" if version else "the server"
+    url = client.base_url
+    if config.rdzv_backend == "etcd-v3":
+        return (
+            f"rendezvous endpoint {url} has no etcd v3 API ({what} answers 404 on "
+            "/v3/maintenance/status), which the etcd-v3 backend needs: run etcd 3.4 or newer "
+            "(its v3 JSON gateway), or set global.rendezvousBackend=etcd-v2 "
+            "(ELASTIC_RDZV_BACKEND) for an etcd with the v2 API only"
+        )
+    return (
+        f"rendezvous endpoint {url} has no etcd v2 API ({what} answers 404 on /v2/keys), "
+        "which the etcd-v2 backend needs: etcd 3.6 removed the v2 API; set "
+        "global.rendezvousBackend=etcd-v3 (ELASTIC_RDZV_BACKEND) or run etcd 3.5 with "
+        "--enable-v2=true"
+    )
+
+
+def etcd_api_probe(client: kvstore.KeyStore, config: Config) -> Callable[[], CheckResult]:
+    """The etcd API the backend needs answers (v2 keys, or v3 through its gateway)."""
+
     def probe() -> CheckResult:
         try:
-            client.check_v2()
-        except etcdv2.TlsRefused as exc:
+            client.check_api()
+        except kvstore.TlsRefused as exc:
             raise Fatal(tls_refused_message(exc, config), exits.CONFIG) from None
-        except etcdv2.NoV2Api:
-            version = client.server_version()
-            what = f"etcd {version}" if version else "the server"
-            raise Fatal(
-                f"rendezvous endpoint {client.base_url} has no etcd v2 API ({what} answers "
-                "404 on /v2/keys): torch's etcd-v2 rendezvous needs etcd 3.5 with "
-                "--enable-v2=true (etcd 3.6 removed the v2 API)",
-                exits.NO_V2,
-            ) from None
-        except etcdv2.EtcdError as exc:
+        except kvstore.NoApi:
+            raise Fatal(no_api_message(client, config), exits.NO_API) from None
+        except kvstore.EtcdError as exc:
             return False, str(exc)
         return True, ""
 
@@ -198,7 +214,7 @@ def mesh_probe(globs: Sequence[str]) -> Callable[[], CheckResult]:
 class Registration:
     """This pod's entry under <prefix>/members/ with a TTL, refreshed until stopped."""
 
-    def __init__(self, client: etcdv2.Client, config: Config, address: str) -> None:
+    def __init__(self, client: kvstore.KeyStore, config: Config, address: str) -> None:
         self.client = client
         self.key = f"{config.key_prefix}/members/{config.pod_name}"
         self.dir = f"{config.key_prefix}/members"
@@ -217,7 +233,7 @@ class Registration:
         try:
             self.register()
             count = self.count()
-        except etcdv2.EtcdError as exc:
+        except kvstore.EtcdError as exc:
             return False, str(exc)
         if count >= self.min_nodes:
             return True, ""
@@ -231,7 +247,7 @@ class Registration:
         while not self._stop.wait(MEMBER_TTL / 3):
             try:
                 self.register()
-            except etcdv2.EtcdError as exc:
+            except kvstore.EtcdError as exc:
                 logger.warning("could not refresh %s: %s", self.key, exc)
 
     def stop(self) -> None:
@@ -240,5 +256,5 @@ class Registration:
             self._thread.join(timeout=5)
         try:
             self.client.delete(self.key)
-        except etcdv2.EtcdError as exc:
+        except kvstore.EtcdError as exc:
             logger.info("could not remove %s (it expires in %d s): %s", self.key, MEMBER_TTL, exc)

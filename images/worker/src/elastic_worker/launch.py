@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from elastic_worker import completion, etcdv2, exits, warm
+from elastic_worker import completion, exits, kvstore, warm
 from elastic_worker.config import Config
 from elastic_worker.netif import Choice
 
@@ -149,7 +149,7 @@ def build_argv(
         python,
         "-m",
         "torch.distributed.run",
-        "--rdzv-backend=etcd-v2",
+        f"--rdzv-backend={config.rdzv_backend}",
         f"--rdzv-endpoint={config.endpoint}",
         f"--rdzv-id={rdzv_id or config.job_id}",
         f"--nnodes={config.min_nodes}:{config.max_nodes}",
@@ -197,7 +197,7 @@ class Supervisor:
         argv: Sequence[str],
         env: Mapping[str, str],
         config: Config,
-        client: etcdv2.Client,
+        client: kvstore.KeyStore,
         *,
         completion_poll: float = COMPLETION_POLL,
         completion_grace: float = COMPLETION_GRACE,
@@ -265,7 +265,7 @@ class Supervisor:
                             self.config.job_id,
                             self.completion_grace,
                         )
-                except etcdv2.EtcdError as exc:
+                except kvstore.EtcdError as exc:
                     logger.debug("completion check failed: %s", exc)
             if complete_since is not None and now - complete_since >= self.completion_grace:
                 self._stop_torchrun()
@@ -308,7 +308,7 @@ class Supervisor:
             try:
                 self.marked = completion.mark_complete(self.client, self.config)
                 break
-            except etcdv2.EtcdError as exc:
+            except kvstore.EtcdError as exc:
                 # Another pod may have finished first and scaled etcd to 0 already.
                 if completion.rendezvous_scaled_to_zero(self.config):
                     logger.info(

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from elastic_worker import completion, etcdv2
+from elastic_worker import completion, kvstore
 from elastic_worker.attempt import ATTEMPT_LOG_ENV, Tail, parse_attempt, process_alive
 from elastic_worker.config import Config
 
@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 # TTL trades detection time against false evictions: a member is lost TTL s (+ etcd's
 # 0.5 s expiry tick) after its last refresh; a healthy one must refresh within TTL s
 # even on a saturated node (measured: scripts/soak-false-evictions, docs/recovery.md).
-TTL = 4  # seconds; etcd v2 TTLs are whole seconds
+TTL = 4  # seconds; etcd v2 TTLs and v3 lease TTLs are whole seconds
 REFRESH = 1.0  # seconds between refreshes: 3 missed refreshes before a lapse
 POLL = 0.5  # seconds between reads of the round's members and of the attempt log
 LEFT_TTL = 60  # seconds a `left` key stays: long enough for every member's next read
@@ -89,7 +89,7 @@ class Watch:
 
     def __init__(
         self,
-        client: etcdv2.Client,
+        client: kvstore.KeyStore,
         config: Config,
         attempt_log: Path,
         *,
@@ -98,8 +98,8 @@ class Watch:
         poll: float = POLL,
     ) -> None:
         # One client per thread, with a short timeout: a refresh never waits on a read.
-        self._writer = etcdv2.Client(client.base_url, REQUEST_TIMEOUT, context=client.context)
-        self._reader = etcdv2.Client(client.base_url, REQUEST_TIMEOUT, context=client.context)
+        self._writer = client.with_timeout(REQUEST_TIMEOUT)
+        self._reader = client.with_timeout(REQUEST_TIMEOUT)
         self.config = config
         self.dir = f"{config.key_prefix}/rounds"
         self.ttl, self.refresh, self.poll = ttl, refresh, poll
@@ -173,9 +173,9 @@ class Watch:
             if first:
                 self._marker = self._read_marker(attempt.round)
             self._written = attempt.round
-        except etcdv2.KeyNotFound:
+        except kvstore.KeyNotFound:
             self._lapsed(attempt)
-        except etcdv2.EtcdError as exc:
+        except kvstore.EtcdError as exc:
             logger.debug("could not refresh %s: %s", self.key(attempt.round), exc)
 
     def _read_marker(self, round_: str) -> str | None:
@@ -184,13 +184,13 @@ class Watch:
         key = f"{self.dir}/{round_}/{MARKER}"
         try:
             self._writer.set(key, f"{self.config.pod_name} {time.time():.6f}", prev_exist=False)
-        except etcdv2.NodeExists:
+        except kvstore.NodeExists:
             pass
-        except etcdv2.EtcdError:
+        except kvstore.EtcdError:
             return None
         try:
             return self._writer.get_value(key)
-        except etcdv2.EtcdError:
+        except kvstore.EtcdError:
             return None
 
     def _lapsed(self, attempt: Attempt) -> None:
@@ -199,7 +199,7 @@ class Watch:
         or another one, etcd lost its data (a new etcd pod): the key is written again."""
         try:
             marker = self._writer.get_value(f"{self.dir}/{attempt.round}/{MARKER}")
-        except etcdv2.EtcdError as exc:
+        except kvstore.EtcdError as exc:
             logger.debug("could not read the marker of round %s: %s", attempt.round, exc)
             return  # the next refresh asks again
         self._written = None
@@ -222,7 +222,7 @@ class Watch:
             return
         try:
             nodes = self._reader.list_dir(f"{self.dir}/{attempt.round}")
-        except etcdv2.EtcdError as exc:
+        except kvstore.EtcdError as exc:
             logger.debug("could not read the members of round %s: %s", attempt.round, exc)
             return
         names = {n.key.rsplit("/", 1)[-1]: n.value for n in nodes}
@@ -262,11 +262,11 @@ class Watch:
             return
         try:
             self._writer.set(self.key(written), LEFT, ttl=LEFT_TTL, prev_exist=True)
-        except etcdv2.EtcdError as exc:  # lapsed already, or etcd away: it expires
+        except kvstore.EtcdError as exc:  # lapsed already, or etcd away: it expires
             logger.debug("could not leave round %s: %s", written, exc)
 
 
-def start(client: etcdv2.Client, config: Config, env: dict[str, str]) -> Watch:
+def start(client: kvstore.KeyStore, config: Config, env: dict[str, str]) -> Watch:
     """Start watching the rounds of torchrun run with `env`; sets the attempt log there
     when the metrics' follower did not (both read the same file)."""
     own_dir = None

@@ -25,10 +25,10 @@ from elastic_worker import (
     completion,
     config,
     epoch,
-    etcdv2,
     events,
     exits,
     gate,
+    kvstore,
     launch,
     liveness,
     memlock,
@@ -174,11 +174,11 @@ def _metrics(cfg: config.Config, recorder: events.Recorder) -> metrics.Tracker |
     )
 
 
-def _load(args: list[str]) -> tuple[config.Config, etcdv2.Client]:
+def _load(args: list[str]) -> tuple[config.Config, kvstore.KeyStore]:
     """The settings, and the etcd client made from them (its TLS files read)."""
     try:
         cfg = config.load(args)
-        client = etcdv2.connect(cfg)
+        client = kvstore.connect(cfg)
     except config.ConfigError as exc:
         logger.error("%s", exc)
         raise _Exit(exits.CONFIG) from None
@@ -195,7 +195,7 @@ def _load(args: list[str]) -> tuple[config.Config, etcdv2.Client]:
 
 def _gate(
     cfg: config.Config,
-    client: etcdv2.Client,
+    client: kvstore.KeyStore,
     stop: threading.Event,
     recorder: events.Recorder | None = None,
 ) -> _Ready | None:
@@ -214,8 +214,8 @@ def _gate(
             [
                 gate.Check(f"DNS name {cfg.endpoint.host}", gate.unless_complete(resolver, done)),
                 gate.Check(
-                    f"etcd v2 API at {cfg.endpoint}",
-                    gate.unless_complete(gate.etcd_v2_probe(client, cfg), done),
+                    f"etcd {client.api} API at {cfg.endpoint}",
+                    gate.unless_complete(gate.etcd_api_probe(client, cfg), done),
                 ),
             ],
             cfg.gate_timeout,
@@ -256,7 +256,7 @@ def _gate(
     except gate.Interrupted as exc:
         logger.info("%s", exc)
         raise _Exit(exits.signalled(signal.SIGTERM)) from None
-    except etcdv2.EtcdError as exc:
+    except kvstore.EtcdError as exc:
         logger.error("etcd at %s failed after the gate: %s", cfg.endpoint, exc)
         raise _Exit(exits.GATE_TIMEOUT) from None
     return _Ready(choice, local_addr, registration)
@@ -303,7 +303,7 @@ def _start_follower(
 
 def _train(
     cfg: config.Config,
-    client: etcdv2.Client,
+    client: kvstore.KeyStore,
     ready: _Ready,
     relay: _Relay,
     tracker: metrics.Tracker | None = None,
@@ -329,7 +329,7 @@ def _train(
             recorder=recorder,
             warm_socket=server.socket_path if server is not None else None,
         )
-    except etcdv2.EtcdError as exc:
+    except kvstore.EtcdError as exc:
         logger.error("etcd at %s failed: %s", cfg.endpoint, exc)
         return exits.GATE_TIMEOUT
     finally:
@@ -362,7 +362,7 @@ def _start_warm(cfg: config.Config, env: dict[str, str]) -> warm.Handle | None:
 
 def _epochs(
     cfg: config.Config,
-    client: etcdv2.Client,
+    client: kvstore.KeyStore,
     ready: _Ready,
     relay: _Relay,
     *,

@@ -18,6 +18,7 @@ class Kind(Enum):
 
     JOB_ID = "job id"
     ENDPOINT = "host:port"
+    BACKEND = "etcd-v2 or etcd-v3"
     COUNT = "integer >= 1"
     COUNT0 = "integer >= 0"
     PORT = "port 1-65535"
@@ -77,7 +78,17 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         Source.DERIVED,
         "the bundled etcd's client Service, else rendezvous.endpoint",
-        "etcd's client endpoint (v2 API on), for torch and for the worker's own keys",
+        "etcd's client endpoint, for torch and for the worker's own keys (the API of "
+        "ELASTIC_RDZV_BACKEND on)",
+    ),
+    Setting(
+        "ELASTIC_RDZV_BACKEND",
+        Kind.BACKEND,
+        "etcd-v2",
+        Source.VALUE,
+        "global.rendezvousBackend",
+        "torchrun's --rdzv-backend and the etcd API of the worker's own keys: etcd-v2 (v2 "
+        "API, etcd 3.5 with --enable-v2) or etcd-v3 (torch-etcd-v3, v3 API, etcd 3.5 or 3.6)",
     ),
     Setting(
         "ELASTIC_MIN_NODES",
@@ -117,9 +128,9 @@ SETTINGS: tuple[Setting, ...] = (
         RDZV_CONF_DEFAULT,
         Source.VALUE,
         "rendezvous.* and rendezvous.tls",
-        "torchrun --rdzv-conf for torch's etcd-v2 handler; keys not given take the "
-        "default's. protocol, ca_cert, ssl_cert, ssl_cert_key also set the worker's own "
-        "etcd client's TLS",
+        "torchrun --rdzv-conf for the backend's handler (the keys it reads); keys not given "
+        "take the default's. protocol, ca_cert, ssl_cert, ssl_cert_key also set the "
+        "worker's own etcd client's TLS",
     ),
     Setting(
         "ELASTIC_MONITOR_INTERVAL",

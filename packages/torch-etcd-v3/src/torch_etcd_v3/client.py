@@ -33,6 +33,10 @@ class EtcdConnectionError(EtcdError):
     """etcd could not be reached or did not answer in time."""
 
 
+class EtcdNoGateway(EtcdError):
+    """The server answers HTTP but has no v3 JSON gateway at the path (404)."""
+
+
 class EtcdAuthError(EtcdError):
     """etcd refused the user name or password."""
 
@@ -157,6 +161,13 @@ class EtcdClient:
             ) from exc
         finally:
             conn.close()
+        if resp.status == 404:
+            # etcd's own plain-text 404: a server without the gateway (or not etcd).
+            raise EtcdNoGateway(
+                f"etcd at {self._settings.host}:{self._settings.port} has no v3 JSON gateway "
+                f"at {path} (HTTP 404: {data[:80].decode(errors='replace').strip()}): etcd 3.4 "
+                "or newer is needed"
+            )
         try:
             reply: JSON = json.loads(data) if data else {}
         except ValueError as exc:
@@ -167,9 +178,7 @@ class EtcdClient:
             message = (
                 reply.get("message") or reply.get("error") or data[:200].decode(errors="replace")
             )
-            if resp.status == 404:
-                message = f"{message} (no v3 JSON gateway at {path}: etcd 3.4 or newer is needed)"
-            elif self._settings.tls is not None and reply.get("code") == _UNAVAILABLE:
+            if self._settings.tls is not None and reply.get("code") == _UNAVAILABLE:
                 # The gateway reaches etcd's gRPC side with etcd's own server certificate
                 # as client certificate; under --client-cert-auth that needs clientAuth.
                 message = (

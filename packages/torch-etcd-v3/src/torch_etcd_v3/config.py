@@ -17,6 +17,34 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from .client import ClientSettings
 
+#: The --rdzv-conf keys this handler reads (load() below).
+HANDLER_KEYS = frozenset(
+    {
+        "protocol",
+        "ca_cert",
+        "ssl_cert",
+        "ssl_cert_key",
+        "read_timeout",
+        "user",
+        "password_file",
+        "key_prefix",
+        "lease_ttl",
+    }
+)
+#: The keys torch's dynamic rendezvous reads itself (torch's create_handler).
+RENDEZVOUS_KEYS = frozenset(
+    {
+        "join_timeout",
+        "last_call_timeout",
+        "close_timeout",
+        "heartbeat_timeout",
+        "keep_alive_interval",
+        "keep_alive_max_attempt",
+    }
+)
+#: Every key that means something to `--rdzv-backend=etcd-v3`.
+KEYS = HANDLER_KEYS | RENDEZVOUS_KEYS
+
 DEFAULT_PORT = 2379
 DEFAULT_KEY_PREFIX = "/torch/elastic"
 DEFAULT_LEASE_TTL = 60
