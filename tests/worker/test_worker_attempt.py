@@ -163,9 +163,17 @@ def test_the_shim_execs_so_the_environment_is_the_programs_as_given(tmp_path: Pa
 
 
 def torchrun(
-    etcd: EtcdServer, tmp_path: Path, name: str, mode: str, *, shim: bool, restarts: int = 1
+    etcd: EtcdServer,
+    tmp_path: Path,
+    name: str,
+    mode: str,
+    *,
+    shim: bool,
+    restarts: int = 1,
+    warm_socket: str | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """torchrun as elastic-worker builds it (1 node, 2 processes) with or without the shim."""
+    """torchrun as elastic-worker builds it (1 node, 2 processes) with or without the shim,
+    the program started warm through `warm_socket` when given (test_worker_warm.py)."""
     out = tmp_path / name
     out.mkdir()
     program = tmp_path / "program.py"
@@ -179,7 +187,9 @@ def torchrun(
     )
     base = worker_env(etcd.endpoint, name, ATTEMPT_OUT=str(out), ATTEMPT_MODE=mode)
     env, _ = launch.build_env(config_, None, base)
-    argv = launch.build_argv(config_, "127.0.0.1", python=str(PYTHON), rdzv_id=name, pwd=None)
+    argv = launch.build_argv(
+        config_, "127.0.0.1", python=str(PYTHON), rdzv_id=name, pwd=None, warm_socket=warm_socket
+    )
     if not shim:  # what elastic-worker ran before: torchrun starts `python -u script ...`
         argv = [*argv[: argv.index("--no-python")], str(program), "--flag", "two words"]
     result = subprocess.run(  # noqa: PLW1510 - the code is asserted

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from elastic_worker import config, launch, warm
-from test_worker_attempt import PROGRAM, attempt_lines, cfg, records
+from elastic_worker import config, warm
+from test_worker_attempt import attempt_lines, cfg, records, torchrun
 from testlib import EtcdServer, start_etcd
-from worker_helpers import PYTHON, descendants, wait_until, worker_env
+from worker_helpers import PYTHON, descendants, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -210,25 +210,7 @@ def test_under_torchrun_a_warm_attempt_sees_what_a_cold_one_does(
     """Same argv, environment, attempts and exit handling; only the parent differs."""
     results = {}
     for name, socket_path in (("cold", None), ("warm", server.socket_path)):
-        out = tmp_path / name
-        out.mkdir()
-        program = tmp_path / "program.py"
-        program.write_text(PROGRAM)
-        config_ = cfg(
-            ["python", str(program), "--flag", "two words"],
-            ELASTIC_RDZV_ENDPOINT=etcd.endpoint,
-            ELASTIC_MAX_NODES="1",
-            ELASTIC_NPROC_PER_NODE="2",
-            ELASTIC_MAX_RESTARTS="1",
-        )
-        base = worker_env(etcd.endpoint, name, ATTEMPT_OUT=str(out), ATTEMPT_MODE="restart")
-        env, _ = launch.build_env(config_, None, base)
-        argv = launch.build_argv(
-            config_, "127.0.0.1", python=str(PYTHON), rdzv_id=name, warm_socket=socket_path
-        )
-        result = subprocess.run(  # noqa: PLW1510 - asserted
-            argv, env=env, capture_output=True, text=True, timeout=180
-        )
+        result, out = torchrun(etcd, tmp_path, name, "restart", shim=True, warm_socket=socket_path)
         assert result.returncode == 0, result.stderr[-3000:]
         assert attempt_lines(result.stderr) == [(name, 0, 0, 1, 2), (name, 1, 0, 1, 2)]
         results[name] = records(out)
