@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from elastic_worker import completion, config, etcdv2, launch
-from testlib import EtcdServer
+from elastic_worker import completion, config, etcdv2, kvstore, launch
+from testlib import EtcdServer, free_port
 from worker_helpers import TRAIN, Agent, wait_until, worker_env
 
 from localrun.cluster.apiserver import FakeApiServer
@@ -176,11 +176,38 @@ def test_the_rendezvous_counts_as_done_only_at_zero_replicas(tmp_path: Path) -> 
             **api.env(),
         }
         cfg = config.load(["train.py"], env)
-        assert not completion.rendezvous_scaled_to_zero(cfg)
+        assert completion.rendezvous_scaled_to_zero(cfg) is False
         api.set_fault(r"/scale$", 403)  # no access: unknown, so not done
-        assert not completion.rendezvous_scaled_to_zero(cfg)
+        assert completion.rendezvous_scaled_to_zero(cfg) is None
         off = config.load(["train.py"], {**env, "ELASTIC_SCALE_DOWN": "false"})
-        assert not completion.rendezvous_scaled_to_zero(off)
+        assert completion.rendezvous_scaled_to_zero(off) is None
+
+
+def test_a_stopped_pod_keeps_asking_while_neither_etcd_nor_the_api_can_say(
+    tmp_path: Path,
+) -> None:
+    """The end of a job: etcd is gone and the API fails for a moment. A pod told to stop
+    asks again within its window and exits 0 once the API answers, not 143 at the first
+    failure; with no answer at all it says why and reports 'not complete'."""
+    with FakeApiServer(workdir=tmp_path / "api") as api:
+        api.add_statefulset("default", "run42-etcd", replicas=0)
+        env = {
+            **BASE,
+            "ELASTIC_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",  # etcd already gone
+            "ELASTIC_SCALE_DOWN": "true",
+            "ELASTIC_RENDEZVOUS_STATEFULSET": "run42-etcd",
+            "ELASTIC_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir),
+            **api.env(),
+        }
+        cfg = config.load(["train.py"], env)
+        client = kvstore.connect(cfg)
+        api.set_fault(r"/scale$", 503, times=3)
+        started = time.monotonic()
+        assert completion.complete_now(client, cfg, within=10)
+        assert time.monotonic() - started < 8
+        assert [r.status for r in api.requests if r.path.endswith("/scale")] == [503] * 3 + [200]
+        api.set_fault(r"/scale$", 503)
+        assert not completion.complete_now(client, cfg, within=1)
 
 
 def test_success_after_another_pod_scaled_etcd_away_exits_0_at_once(tmp_path: Path) -> None:

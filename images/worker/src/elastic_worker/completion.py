@@ -23,14 +23,34 @@ def is_complete(client: kvstore.KeyStore, config: Config) -> bool:
     return client.get_value(complete_key(config)) is not None
 
 
-def complete_now(client: kvstore.KeyStore, config: Config) -> bool:
-    """Whether the job is complete, asked once: the marker in etcd, or, when etcd cannot
-    answer (a finished job scales it to 0 after the workers), the rendezvous' scale."""
-    try:
-        return is_complete(client, config)
-    except kvstore.EtcdError as exc:
-        logger.debug("completion check failed: %s", exc)
-        return rendezvous_scaled_to_zero(config)
+def complete_now(client: kvstore.KeyStore, config: Config, within: float = 0.0) -> bool:
+    """Whether the job is complete: the marker in etcd, or, when etcd cannot answer (a
+    finished job scales it to 0 after the workers), the rendezvous' scale. While neither
+    can say, ask again for up to `within` seconds (a pod told to stop at the end of the
+    job has its grace period to find out that it may exit 0)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return is_complete(client, config)
+        except kvstore.EtcdError as exc:
+            etcd_error: Exception = exc
+        try:
+            scaled = _rendezvous_at_zero(config, timeout=5)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            scaled, api_error = None, f"reading the scale of {config.rendezvous_statefulset}: {exc}"
+        else:
+            api_error = "no API access to read the rendezvous' scale"
+        if scaled is not None:
+            return scaled
+        if time.monotonic() >= deadline:
+            logger.info(
+                "cannot tell whether job %s is complete: etcd: %s; %s",
+                config.job_id,
+                etcd_error,
+                api_error,
+            )
+            return False
+        time.sleep(0.5)
 
 
 def mark_complete(client: kvstore.KeyStore, config: Config) -> bool:
@@ -145,17 +165,25 @@ def scale_down_after_success(config: Config) -> None:
         scale_to_zero(api, config.pod_namespace, names)
 
 
-def rendezvous_scaled_to_zero(config: Config, timeout: float = 5) -> bool:
+def rendezvous_scaled_to_zero(config: Config, timeout: float = 5) -> bool | None:
     """Whether the bundled etcd's StatefulSet was scaled to 0, which a finished job does
-    last: then the job is complete. False when unknown (no access, no such setting)."""
+    last: then the job is complete. None when the API cannot say (no access, no such
+    setting, the request failed): callers that must decide take that as "not done"."""
+    try:
+        return _rendezvous_at_zero(config, timeout)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        logger.debug(
+            "reading the scale of statefulset %s failed: %s", config.rendezvous_statefulset, exc
+        )
+        return None
+
+
+def _rendezvous_at_zero(config: Config, timeout: float) -> bool | None:
+    """rendezvous_scaled_to_zero, raising what the request raised."""
     api = config.kube_api
     name = config.rendezvous_statefulset
     if not (config.scale_down and api and name and config.pod_namespace):
-        return False
-    try:
-        scale = _scale_request(api, config.pod_namespace, name, None, timeout)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        logger.debug("reading the scale of statefulset %s failed: %s", name, exc)
-        return False
+        return None
+    scale = _scale_request(api, config.pod_namespace, name, None, timeout)
     spec = scale.get("spec")
     return isinstance(spec, dict) and spec.get("replicas") == 0

@@ -35,6 +35,9 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUI
 COMPLETION_POLL = 2.0  # seconds between checks of the marker while torchrun runs
 COMPLETION_GRACE = 15.0  # torchrun's time to end by itself once the job is complete
 COMPLETION_WAIT = 15.0  # after a failed torchrun: how long to wait for the marker
+# After a SIGTERM: how long to keep asking etcd, then the API, whether the job completed
+# (at the end both may be going away at once; well inside the pod's grace period).
+STOPPED_ASK = 10.0
 
 
 def shutdown_timeout(grace_period: int) -> int:
@@ -213,6 +216,7 @@ class Supervisor:
         self.proc: subprocess.Popen[bytes] | None = None
         self.signalled: int | None = None
         self.marked = False  # this pod set the completion marker
+        self.asked_after_signal = False  # the exit code already says whether the job completed
         self._lock = threading.Lock()
 
     def forward(self, signum: int) -> None:
@@ -280,7 +284,8 @@ class Supervisor:
         if self.signalled is not None:
             # The first pod to finish scales the StatefulSets to 0, so pods that are still
             # leaving get SIGTERM; the job is done, and so are they: exit 0.
-            if completion.complete_now(self.client, self.config):
+            self.asked_after_signal = True
+            if completion.complete_now(self.client, self.config, within=STOPPED_ASK):
                 logger.info(
                     "torchrun exited with %d after %s; job %s is complete: exit 0",
                     code,

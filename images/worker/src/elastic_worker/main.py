@@ -111,7 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _Exit as leave:
         code = leave.code
     try:
-        if code != exits.OK and relay.stop.is_set() and completion.complete_now(client, cfg):
+        asked = relay.supervisor is not None and relay.supervisor.asked_after_signal
+        if (
+            code != exits.OK
+            and relay.stop.is_set()
+            and not asked
+            and completion.complete_now(client, cfg, within=launch.STOPPED_ASK)
+        ):
             # The first pod to finish scales the job to 0: whatever this pod was doing when
             # its SIGTERM came (gating, between torchrun runs, waiting as a spare), it is done.
             logger.info("stopping: job %s is complete, so exit 0 (not %d)", cfg.job_id, code)
@@ -207,7 +213,7 @@ def _gate(
         return max(0.0, deadline - time.monotonic())
 
     def done() -> bool:
-        return completion.rendezvous_scaled_to_zero(cfg)
+        return completion.rendezvous_scaled_to_zero(cfg) is True
 
     try:
         gate.wait(
