@@ -184,6 +184,43 @@ def test_sigterm_to_one_agent_checkpoints_and_the_others_resume_without_it(
         assert after[-1] == "[train] done step=40"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_node_stopped_by_sigterm_leaves_the_round_so_the_others_need_not_wait_for_its_keep_alive(
+    start_agent: Start, backend: str
+) -> None:
+    """A spot reclaim: elastic-worker takes its node out of torch's round once torchrun has
+    stopped (leave.py). With a 60 s keep-alive window the others could otherwise re-form
+    only after about a minute; here they train at two well before."""
+    args = ["--steps", "60", "--checkpoint-every", "5", "--step-seconds", "0.25"]
+    slow_expiry = {
+        "ELASTIC_RDZV_CONF": (
+            "join_timeout=600,last_call_timeout=1,close_timeout=60,"
+            "keep_alive_interval=5,keep_alive_max_attempt=12"
+        )
+    }
+    agents = [start_agent(f"w{i}", f"leave-{backend}", args, **slow_expiry) for i in range(3)]
+    wait_until(
+        "three agents training together",
+        lambda: all(len([s for s in steps(a) if s[1] == 3]) >= 4 for a in agents),
+        timeout=120,
+    )
+    leaver, survivors = agents[1], [agents[0], agents[2]]
+    sent = time.monotonic()
+    leaver.proc.send_signal(signal.SIGTERM)
+    assert leaver.wait(40) not in (0, 2, 3, 4), leaver.text()[-2000:]
+    assert "left rendezvous leave-" in leaver.text(), leaver.text()[-2000:]
+    wait_until(
+        "the others training at two",
+        lambda: all(any(s[1] == 2 for s in steps(a, sent)) for a in survivors),
+        timeout=40,  # the keep-alive window is 60 s: only the leave makes this in time
+    )
+    print(f"{backend}: SIGTERM to training at two: {time.monotonic() - sent:.1f} s")
+    for agent in survivors:
+        assert agent.wait(180) == 0, agent.text()[-3000:]
+        assert agent.train_lines()[-1] == "[train] done step=60"
+    assert rounds(agents) == [3, 2]
+
+
 @pytest.mark.parametrize(
     ("victim", "backend"),
     [("rank0", "etcd-v2"), ("other", "etcd-v2"), ("rank0", "etcd-v3")],

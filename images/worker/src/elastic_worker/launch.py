@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from elastic_worker import completion, exits, kvstore, warm
+from elastic_worker import completion, exits, kvstore, leave, warm
 from elastic_worker.config import Config
 from elastic_worker.netif import Choice
 
@@ -205,8 +205,12 @@ class Supervisor:
         completion_poll: float = COMPLETION_POLL,
         completion_grace: float = COMPLETION_GRACE,
         completion_wait: float = COMPLETION_WAIT,
+        rendezvous: tuple[str, str | None] | None = None,
     ) -> None:
         self.argv = list(argv)
+        # (rdzv id, --local-addr) of this torchrun: its node leaves the round after a SIGTERM
+        self.rendezvous = rendezvous
+        self._leave_preload: threading.Thread | None = None
         self.env = dict(env)
         self.config = config
         self.client = client
@@ -224,6 +228,8 @@ class Supervisor:
         with self._lock:
             self.signalled = signum
             proc = self.proc
+            if self.rendezvous is not None and self._leave_preload is None:
+                self._leave_preload = leave.preload()
         if proc is not None and proc.poll() is None:
             logger.info("forwarding %s to torchrun (pid %d)", signal.Signals(signum).name, proc.pid)
             with contextlib.suppress(ProcessLookupError):
@@ -296,6 +302,8 @@ class Supervisor:
             logger.info(
                 "torchrun exited with %d after %s", code, signal.Signals(self.signalled).name
             )
+            if self.rendezvous is not None and self.proc is not None:
+                leave.leave(self.config, *self.rendezvous, pid=self.proc.pid)
             return code
         if seen_complete or completion.wait_complete(
             self.client, self.config, self.completion_wait

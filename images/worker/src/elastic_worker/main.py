@@ -388,7 +388,9 @@ def _epochs(
             cfg, ready.local_addr, rdzv_id=rdzv_id, pwd=env.get("PWD"), warm_socket=warm_socket
         )
         logger.info("starting: %s", shlex.join(torchrun))
-        relay.supervisor = supervisor = launch.Supervisor(torchrun, env, cfg, client)
+        relay.supervisor = supervisor = launch.Supervisor(
+            torchrun, env, cfg, client, rendezvous=(rdzv_id, ready.local_addr)
+        )
         if tracker is not None:
             tracker.torchrun_started()
         code = supervisor.run()

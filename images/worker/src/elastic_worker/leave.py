@@ -1,0 +1,110 @@
+"""Leave the rendezvous round at once when this pod is told to stop (SIGTERM).
+
+torch's agent, stopped by a signal, ends its workers and exits, but its node stays in the
+round: `launch_agent` must not shut the rendezvous down (that would close it for every
+node), and torch has no public "leave". The others can form the next round only when the
+sanitizer drops that node, once its keep-alive has lapsed (keep_alive_interval x
+keep_alive_max_attempt, 3 s with elastic-worker's defaults) and one of them has polled
+(torch polls once a second). A spot reclaim then costs as much as a SIGKILL.
+
+elastic-worker knows more: torchrun has exited after the SIGTERM it forwarded, so its
+node will never heartbeat again. It runs torch's own state machine for that node, as the
+node itself would have: the node is taken out of the participants (or the wait list),
+and if it was the last participant of a complete round, the round moves on, exactly as
+torch's `_RendezvousExitOp` does at the start of every `next_rendezvous`.
+
+This reads torch internals, the one place in the worker that does (dynamic_rendezvous:
+`_NodeDesc`, `_DistributedRendezvousOpExecutor`, `_Action`, the handler's `_state_holder`
+and `_settings`). torch comes from the user's base image, so anything missing or changed
+costs only the speed-up: one log line, and the others wait for the keep-alive as before.
+tests/worker/test_worker_leave.py pins the behaviour on the torch of requirements/dev.txt.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+from elastic_worker import epoch
+from elastic_worker.config import Config
+
+logger = logging.getLogger(__name__)
+
+#: How long to keep trying (etcd compare-and-swap retries) before the keep-alive does it.
+TIMEOUT = 5.0
+
+
+def preload() -> threading.Thread:
+    """Import torch's rendezvous module in the background (1-2 s of CPU): started when the
+    SIGTERM comes, so that it is done by the time torchrun has stopped its workers."""
+    thread = threading.Thread(target=_import_dynamic_rendezvous, name="leave-preload", daemon=True)
+    thread.start()
+    return thread
+
+
+def _import_dynamic_rendezvous() -> Any:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous  # noqa: PLC0415
+
+    return dynamic_rendezvous
+
+
+def leave(config: Config, rdzv_id: str, addr: str | None, pid: int) -> bool:
+    """Take torchrun's node (`addr` as given to --local-addr, else this host's FQDN as torch
+    uses; `pid` torchrun's) out of rendezvous `rdzv_id`. True when it was in the round and
+    is out now; False when it was not there or this torch cannot do it (logged)."""
+    try:
+        dr = _import_dynamic_rendezvous()
+        handler: Any = epoch.handler(config, rdzv_id)
+        # torchrun makes one handler, the first node descriptor of its process: local_id 0.
+        node = dr._NodeDesc(addr or socket.getfqdn(), pid, 0)
+        executor = dr._DistributedRendezvousOpExecutor(
+            node, handler._state_holder, handler._settings
+        )
+        op = _LeaveOp(dr._Action)
+        executor.run(op, time.monotonic() + TIMEOUT)
+    except AttributeError as exc:
+        logger.info(
+            "cannot leave rendezvous %s at once with this torch (%s): the others re-form "
+            "when this node's keep-alive lapses",
+            rdzv_id,
+            exc,
+        )
+        return False
+    except Exception as exc:  # noqa: BLE001 - etcd's and torch's errors: the keep-alive remains
+        logger.info("could not leave rendezvous %s at once: %s", rdzv_id, exc)
+        return False
+    if op.removed_from:
+        logger.info(
+            "left rendezvous %s (%s of round %d): the others re-form without this node now",
+            rdzv_id,
+            op.removed_from,
+            op.round,
+        )
+    return bool(op.removed_from)
+
+
+class _LeaveOp:
+    """A torch rendezvous operation (a state handler for the op executor): out of the
+    participants, else the wait list, else the redundancy list; then done."""
+
+    def __init__(self, action: Any) -> None:
+        self._action = action
+        self.removed_from = ""
+        self.round = -1
+
+    def __call__(self, ctx: Any, deadline: float) -> Any:
+        state = ctx.state
+        for members, action, name in (
+            (state.participants, self._action.REMOVE_FROM_PARTICIPANTS, "participants"),
+            (state.wait_list, self._action.REMOVE_FROM_WAIT_LIST, "wait list"),
+            (state.redundancy_list, self._action.REMOVE_FROM_REDUNDANCY_LIST, "redundancy list"),
+        ):
+            if ctx.node in members:
+                if time.monotonic() > deadline:
+                    return self._action.ERROR_TIMEOUT
+                self.removed_from, self.round = name, state.round
+                return action
+        return self._action.FINISH
