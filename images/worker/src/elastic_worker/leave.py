@@ -26,10 +26,14 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from elastic_worker import epoch
 from elastic_worker.config import Config
+
+if TYPE_CHECKING:  # torch is imported only when a node leaves
+    from torch.distributed.elastic.rendezvous import RendezvousHandler
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +59,17 @@ def leave(config: Config, rdzv_id: str, addr: str | None, pid: int) -> bool:
     """Take torchrun's node (`addr` as given to --local-addr, else this host's FQDN as torch
     uses; `pid` torchrun's) out of rendezvous `rdzv_id`. True when it was in the round and
     is out now; False when it was not there or this torch cannot do it (logged)."""
+    return leave_with(lambda: epoch.handler(config, rdzv_id), rdzv_id, addr, pid)
+
+
+def leave_with(
+    make_handler: Callable[[], RendezvousHandler], rdzv_id: str, addr: str | None, pid: int
+) -> bool:
+    """leave() with the handler torchrun made for `rdzv_id` (torch's registry), made by
+    `make_handler` (scripts/bench-recovery makes its own, without elastic-worker's Config)."""
     try:
         dr = _import_dynamic_rendezvous()
-        handler: Any = epoch.handler(config, rdzv_id)
+        handler: Any = make_handler()
         # torchrun makes one handler, the first node descriptor of its process: local_id 0.
         node = dr._NodeDesc(addr or socket.getfqdn(), pid, 0)
         executor = dr._DistributedRendezvousOpExecutor(
@@ -65,7 +77,7 @@ def leave(config: Config, rdzv_id: str, addr: str | None, pid: int) -> bool:
         )
         op = _LeaveOp(dr._Action)
         executor.run(op, time.monotonic() + TIMEOUT)
-    except AttributeError as exc:
+    except (AttributeError, TypeError) as exc:  # names or signatures this torch lacks
         logger.info(
             "cannot leave rendezvous %s at once with this torch (%s): the others re-form "
             "when this node's keep-alive lapses",

@@ -1,0 +1,121 @@
+"""leave.py: a stopped node's way out of torch's rendezvous round. It runs torch internals,
+so these tests pin them: the torch version it was checked against, and the behaviour on a
+real etcd (both backends) with an agent that joined a round and went away, as torchrun
+does after a SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import pytest
+import torch
+from elastic_worker import config, epoch, leave
+from testlib import EtcdServer
+from worker_helpers import BACKENDS, ROOT, backend_etcd, worker_env
+
+# One agent process, as torchrun makes it: the first handler of its process (local_id 0),
+# node address 127.0.0.1. It joins, prints its pid and exits without a word to the
+# rendezvous: its node stays in the round until its keep-alive lapses (a minute here).
+AGENT = textwrap.dedent(
+    """
+    import os, sys
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
+    backend, endpoint, run_id, nodes = sys.argv[1:5]
+    params = RendezvousParameters(
+        backend, endpoint, run_id, int(nodes), int(nodes), local_addr="127.0.0.1",
+        last_call_timeout=1, keep_alive_interval=5, keep_alive_max_attempt=12,
+    )
+    handler = registry.get_rendezvous_handler(params)
+    info = handler.next_rendezvous()
+    print(os.getpid(), info.rank, flush=True)
+    os._exit(0)
+    """
+)
+
+
+def _config(etcd: EtcdServer, job: str) -> config.Config:
+    backend = "etcd-v2" if etcd.v2 else "etcd-v3"
+    env = worker_env(etcd.endpoint, job, POD_NAME="w0", ELASTIC_RDZV_BACKEND=backend)
+    env["ELASTIC_MIN_NODES"] = env["ELASTIC_MAX_NODES"] = "1"
+    env["ELASTIC_RDZV_CONF"] = "last_call_timeout=1,keep_alive_interval=5,keep_alive_max_attempt=12"
+    return config.load(["python", "train.py"], env)
+
+
+def _agent(cfg: config.Config, run_id: str, timeout: float = 60) -> tuple[int, float]:
+    """Run one agent through a round of one; its pid and the seconds the round took."""
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", AGENT, cfg.rdzv_backend, str(cfg.endpoint), run_id, "1"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
+    return int(out.stdout.split()[0]), time.monotonic() - started
+
+
+def test_the_torch_leave_py_was_checked_against_is_the_one_pinned() -> None:
+    """leave.py reads torch internals (dynamic_rendezvous). Bumping torch in
+    requirements/dev.txt fails here: re-read leave.py against the new torch, run this file,
+    then update the version below."""
+    pinned = re.search(r"^torch==(\S+)$", (ROOT / "requirements" / "dev.txt").read_text(), re.M)
+    assert pinned is not None
+    assert torch.__version__.split("+")[0] == pinned[1] == "2.13.0", (
+        f"torch {torch.__version__}: check images/worker/src/elastic_worker/leave.py against "
+        "its dynamic_rendezvous.py"
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_gone_agent_leaves_and_the_next_round_forms_without_waiting_for_its_keep_alive(
+    etcd_factory: Callable[..., EtcdServer], backend: str
+) -> None:
+    cfg = _config(backend_etcd(etcd_factory, backend), "gone")
+    gone, _ = _agent(cfg, "gone")
+    # The round of one is complete and holds the gone agent's node (a 60 s keep-alive):
+    # a newcomer could only wait. Taking it out moves the rendezvous to the next round.
+    assert leave.leave(cfg, "gone", "127.0.0.1", gone) is True
+    assert leave.leave(cfg, "gone", "127.0.0.1", gone) is False  # not there any more
+    _, took = _agent(cfg, "gone", timeout=40)
+    assert took < 30, f"the next round took {took:.1f} s: the gone node was still in it"
+    assert not epoch.rendezvous_closed(cfg, "gone")
+
+
+def test_another_node_is_left_alone(etcd_factory: Callable[..., EtcdServer]) -> None:
+    """Only torchrun's own node (its address and pid) is taken out."""
+    cfg = _config(backend_etcd(etcd_factory, "etcd-v2"), "other")
+    member, _ = _agent(cfg, "other")
+    assert leave.leave(cfg, "other", "127.0.0.1", member + 100_000) is False
+    assert leave.leave(cfg, "other", "10.0.0.9", member) is False
+    assert leave.leave(cfg, "other", "127.0.0.1", member) is True
+
+
+def test_without_the_internals_it_says_so_and_the_keep_alive_remains(
+    etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another torch in the user's base image: one line, no exception, no leave."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous  # noqa: PLC0415
+
+    cfg = _config(etcd, "other-torch")
+    older = {
+        k: v for k, v in vars(dynamic_rendezvous).items() if k != "_DistributedRendezvousOpExecutor"
+    }
+    monkeypatch.setattr(leave, "_import_dynamic_rendezvous", lambda: SimpleNamespace(**older))
+    with caplog.at_level(logging.INFO, logger="elastic_worker"):
+        assert leave.leave(cfg, "other-torch", "127.0.0.1", 1) is False
+    assert "cannot leave rendezvous other-torch at once with this torch" in caplog.text
+
+
+def test_an_unreachable_etcd_costs_only_the_speed_up(caplog: pytest.LogCaptureFixture) -> None:
+    env = worker_env("127.0.0.1:9", "away", POD_NAME="w0")
+    cfg = config.load(["python", "train.py"], env)
+    with caplog.at_level(logging.INFO, logger="elastic_worker"):
+        assert leave.leave(cfg, "away", "127.0.0.1", 1) is False
+    assert "could not leave rendezvous away at once" in caplog.text
