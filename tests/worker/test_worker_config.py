@@ -45,7 +45,7 @@ def test_defaults_fill_everything_the_chart_may_leave_out() -> None:
         "keep_alive_max_attempt": "3",
         "heartbeat_timeout": "5",
     }
-    assert cfg.monitor_interval == 0.5
+    assert cfg.monitor_interval == 0.1
     # The chart's defaults (tests/charts/test_worker_env_settings.py checks them against a render).
     assert (cfg.gate_timeout, cfg.grace_period, cfg.gate_peers) == (600, 90, True)
     assert cfg.mesh_interfaces == ("wg*",)

@@ -135,7 +135,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ELASTIC_MONITOR_INTERVAL",
         Kind.SECONDS,
-        "0.5",
+        "0.1",
         Source.VALUE,
         "rendezvous.monitorInterval",
         "seconds between torchrun's checks of its workers (--monitor-interval)",
