@@ -125,6 +125,7 @@ def test_etcd_v3_sigterm_spot_reclaim_checkpoints_and_loses_at_most_one_step(
     assert preempt["steps_lost"] is not None and preempt["steps_lost"] <= 1, preempt
     assert preempt["seconds"] is not None and preempt["seconds"] < REFORM_BOUND, preempt
     assert f"{pod(2)}: grace period over, SIGKILL" not in run.events()
+    assert re.search(r"elastic-worker: left rendezvous \S+ \(participants of round", log2), log2
     assert 2 in run.summary["world_sizes"], run.describe()
     assert_v3_only(log2)
     assert_cleaned_up(run)

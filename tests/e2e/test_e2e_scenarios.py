@@ -132,6 +132,9 @@ def test_sigterm_spot_reclaim_checkpoints_and_loses_at_most_one_step(tmp_path: P
     preempt = reform(run, f"preempt {pod(2)}")
     assert preempt["steps_lost"] is not None and preempt["steps_lost"] <= 1, preempt
     assert preempt["seconds"] is not None and preempt["seconds"] < REFORM_BOUND, preempt
+    # its node left torch's round once torchrun had stopped (the others need not wait for
+    # its keep-alive to lapse: tests/worker/test_worker_elastic.py times that)
+    assert re.search(r"elastic-worker: left rendezvous \S+ \(participants of round", log2), log2
     # the pod exited on SIGTERM within the grace period: no SIGKILL was needed
     events = run.events()
     assert f"{pod(2)}: deleting (SIGTERM" in events
