@@ -54,6 +54,9 @@ record = {
 with open(f"{out}/r{restart}-l{rank}.json", "w") as f:
     json.dump(record, f)
 if mode == "restart":  # the first attempt fails, the second succeeds
+    if restart == "0":  # once both have written (torchrun stops the other within 0.1 s)
+        while len([n for n in os.listdir(out) if n.startswith("r0-")]) < 2:
+            time.sleep(0.05)
     sys.exit(1 if restart == "0" else 0)
 if mode == "exit7":
     sys.exit(7)
