@@ -180,8 +180,10 @@ def test_the_table_says_a_cut_wait_timed_out_at_the_bound_and_the_goodput_ratio(
     assert base == "> 120 s (timed out)"
     assert ours.startswith("7.5 s (7.0-8.0, n=2)")
     assert ratio == ">16x"  # at least: the real wait is the script's process-group timeout
-    assert rows[1][0] == "goodput, loss/120s back 60s"
+    assert rows[1][0] == "goodput, samples/s"
+    assert rows[1][1].startswith("fixed 3:3: 40/s")
     assert rows[1][3] == "1.50x"
+    assert rows[2][0] == "  1 loss/120 s, back in 60 s"
 
 
 def test_bench_help_names_the_churn_figures_and_that_quick_skips_the_slow_one() -> None:
