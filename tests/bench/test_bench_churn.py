@@ -177,13 +177,25 @@ def test_the_table_says_a_cut_wait_timed_out_at_the_bound_and_the_goodput_ratio(
     rows = CHURN["table_lines"]({"silent": silent, "goodput": goodput})
     title, base, ours, ratio = rows[0]
     assert title == "silent loss, no pg timeout"
-    assert base == "> 120 s (timed out)"
+    assert base == "> 120 s (timed out, n=1)"
     assert ours.startswith("7.5 s (7.0-8.0, n=2)")
     assert ratio == ">16x"  # at least: the real wait is the script's process-group timeout
     assert rows[1][0] == "goodput, samples/s"
     assert rows[1][1].startswith("fixed 3:3: 40/s")
     assert rows[1][3] == "1.50x"
     assert rows[2][0] == "  1 loss/120 s, back in 60 s"
+
+
+def test_a_run_that_timed_out_counts_as_longer_than_any_that_finished() -> None:
+    summary, fmt = CHURN["summary"], CHURN["fmt_seconds"]
+    half = summary([{"seconds": 9.0}, {"seconds": None, "timed_out": True}], "seconds")
+    assert half["median"] is None  # the upper median is the cut run: not a number
+    assert fmt(half, 120.0) == "> 120 s (timed out, others 9.0-9.0, n=2)"
+    most = summary(
+        [{"seconds": 9.0}, {"seconds": 7.0}, {"seconds": None, "timed_out": True}], "seconds"
+    )
+    assert most["median"] == 9.0
+    assert fmt(most, 120.0) == "9.0 s (7.0-9.0, 1 > 120 s, n=3)"
 
 
 def test_bench_help_names_the_churn_figures_and_that_quick_skips_the_slow_one() -> None:
