@@ -11,7 +11,6 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBa
 from .client import EtcdClient, EtcdError
 from .lease import AgentLease
 
-
 #: After a lost compare-and-set, wait up to this long (at random), doubling with each loss
 #: in a row up to BACKOFF_MAX_S, then read the state afresh. torch's join loop retries a
 #: lost write at once, so with N agents joining together every winning write costs about
