@@ -153,8 +153,8 @@ SETTINGS: tuple[Setting, ...] = (
         "rendezvous.* and rendezvous.tls",
         "torchrun --rdzv-conf for the backend's handler (the keys it reads); keys not given "
         f"take {RDZV_CONF_DEFAULT}, but keep_alive_interval=ELASTIC_MAX_NODES/"
-        f"{HEARTBEATS_PER_S} rounded up above {HEARTBEATS_PER_S} nodes. protocol, ca_cert, ssl_cert, ssl_cert_key also set the "
-        "worker's own etcd client's TLS",
+        f"{HEARTBEATS_PER_S} rounded up above {HEARTBEATS_PER_S} nodes. protocol, ca_cert, "
+        "ssl_cert, ssl_cert_key also set the worker's own etcd client's TLS",
     ),
     Setting(
         "ELASTIC_MONITOR_INTERVAL",
