@@ -60,8 +60,8 @@ class Setting:
 #: compete with those writes. Above it the heartbeats of nodes already in the round stop
 #: landing within interval x attempts, the others evict them, they join again, and the
 #: round never completes. Measured on 2 cores (docs/recovery.md, "Rendezvous at scale"):
-#: 128 agents at 1 s never joined, at 3-4 s in under 5 s; 256 at 4 s never joined, at 8 s
-#: in 9.9 s on etcd-v3 (its backoff; torch's etcd-v2 backend spins and 256 never join).
+#: 128 agents at 1 s never joined, at 4 s in 5.7-7.1 s (once 20 s); 256 at 4 s never
+#: joined, at 8 s in 11-24 s on etcd-v3 (its backoff; on torch's etcd-v2 backend, never).
 HEARTBEATS_PER_S = 32
 
 
