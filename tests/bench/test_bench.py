@@ -30,11 +30,15 @@ def test_the_rendezvous_figure_runs_from_the_system_python_and_writes_json_and_p
     assert "rendezvous of 4 agents" in result.stdout
     data = json.loads((tmp_path / "bench.json").read_text())
     rows = data["rendezvous"]["rows"]
-    assert sorted(r["label"] for r in rows) == ["elastic-job", "torch defaults"]
+    assert sorted(r["label"] for r in rows) == [
+        "elastic-job", "elastic-job etcd-v3", "torch defaults"
+    ]  # fmt: skip
+    assert {r["backend"] for r in rows} == {"etcd-v2", "etcd-v3"}
     for row in rows:
         assert "error" not in row, row
         assert 0 < row["seconds"] < 60
         assert row["writes_per_agent"] >= 1  # each agent wrote itself into the state
+        assert row["evictions"] == 0  # 4 agents: every heartbeat lands in its window
     assert data["machine"]["cpus"] >= 1
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

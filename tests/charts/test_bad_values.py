@@ -175,6 +175,11 @@ CASES = [
         "rendezvous.keepAliveMaxAttempt",
         ("rendezvous.keepAliveMaxAttempt=0",),
     ),
+    Bad(
+        "keep-alive-interval-zero",
+        "rendezvous.keepAliveInterval",
+        ("rendezvous.keepAliveInterval=0",),
+    ),
     Bad("monitor-interval-zero", "rendezvous.monitorInterval", ("rendezvous.monitorInterval=0",)),
     Bad("max-restarts-negative", "rendezvous.maxRestarts", ("rendezvous.maxRestarts=-1",)),
     Bad(

@@ -184,9 +184,10 @@ def test_default_rdzv_conf_comes_from_values_yaml() -> None:
     tests/charts/test_worker_env_settings.py)."""
     r = DEFAULTS["rendezvous"]
     extra = "".join(f",{k}={v}" for k, v in sorted(r["extraConf"].items()))
+    assert r["keepAliveInterval"] is None  # the worker's, from job.maxNodes: not rendered
     assert worker_env()["ELASTIC_RDZV_CONF"] == (
         f"join_timeout={r['joinTimeout']},last_call_timeout={r['lastCallTimeout']},"
-        f"close_timeout={r['closeTimeout']},keep_alive_interval={r['keepAliveInterval']},"
+        f"close_timeout={r['closeTimeout']},"
         f"keep_alive_max_attempt={r['keepAliveMaxAttempt']}{extra}"
     )
     assert worker_env()["ELASTIC_MONITOR_INTERVAL"] == str(r["monitorInterval"])

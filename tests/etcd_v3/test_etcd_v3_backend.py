@@ -7,11 +7,14 @@ import multiprocessing
 import threading
 import time
 import urllib.request
+from types import SimpleNamespace
 
+import pytest
 from etcd3_helpers import connect
 from testlib import EtcdServer
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+from torch_etcd_v3 import backend as backend_module
 from torch_etcd_v3.backend import EtcdV3RendezvousBackend
 
 
@@ -69,6 +72,31 @@ def test_compare_and_set_loses_no_write_among_processes(etcd3: EtcdServer) -> No
     state = connect(etcd3.endpoint)[0].get_state()
     assert state is not None
     assert state[0] == b"40"
+
+
+def test_a_lost_write_backs_off_doubling_up_to_half_a_second_and_a_won_one_resets(
+    etcd3: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After each lost compare-and-set in a row the agent waits longer (at random, up to
+    10 ms x 2^n, never above BACKOFF_MAX_S: a heartbeat must still land within 1 s x 3),
+    then gets the state as the winner left it; a won write waits for nothing."""
+    waits: list[float] = []
+    monkeypatch.setattr(backend_module, "random", SimpleNamespace(uniform=lambda lo, hi: hi))
+    monkeypatch.setattr(backend_module, "time", SimpleNamespace(sleep=waits.append))
+    backend = connect(etcd3.endpoint)[0]
+    first = backend.set_state(b"a")
+    assert first is not None and first[2]
+    second = backend.set_state(b"b", first[1])
+    assert second is not None and second[2]
+    for _ in range(8):  # a stale token: lost every time
+        assert backend.set_state(b"stale", first[1]) == (b"b", second[1], False)
+    assert waits == [0.02, 0.04, 0.08, 0.16, 0.32, 0.5, 0.5, 0.5]
+    waits.clear()
+    won = backend.set_state(b"c", second[1])
+    assert won is not None and won[2]
+    assert backend.set_state(b"stale", first[1]) == (b"c", won[1], False)
+    assert waits == [0.02]  # the win reset the count
+    assert backend_module.BACKOFF_MAX_S < 1.0
 
 
 def test_stale_or_foreign_token_does_not_write(etcd3: EtcdServer) -> None:

@@ -56,6 +56,21 @@ def test_defaults_fill_everything_the_chart_may_leave_out() -> None:
         cfg.job_id = "x"  # type: ignore[misc]
 
 
+@pytest.mark.parametrize(
+    ("max_nodes", "interval"), [("4", "1"), ("32", "1"), ("33", "2"), ("128", "4"), ("256", "8")]
+)
+def test_keep_alive_interval_scales_with_max_nodes(max_nodes: str, interval: str) -> None:
+    """Up to 32 nodes heartbeat every second; a larger job every ELASTIC_MAX_NODES / 32 s,
+    so the one rendezvous key takes ~32 heartbeat writes a second (docs/recovery.md,
+    "Rendezvous at scale"): 256 agents never joined at 4 s."""
+    assert dict(load(ELASTIC_MAX_NODES=max_nodes).rdzv_conf)["keep_alive_interval"] == interval
+
+
+def test_a_given_keep_alive_interval_wins_over_the_scaled_default() -> None:
+    cfg = load(ELASTIC_MAX_NODES="256", ELASTIC_RDZV_CONF="keep_alive_interval=2")
+    assert dict(cfg.rdzv_conf)["keep_alive_interval"] == "2"
+
+
 def test_every_setting_is_read() -> None:
     cfg = load(
         ELASTIC_NPROC_PER_NODE="8",

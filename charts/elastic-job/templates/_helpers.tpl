@@ -212,9 +212,12 @@ torch's dynamic rendezvous; TLS keys named alike). */}}
 {{- $conf := list
   (printf "join_timeout=%v" ($r.joinTimeout | int64))
   (printf "last_call_timeout=%v" ($r.lastCallTimeout | int64))
-  (printf "close_timeout=%v" ($r.closeTimeout | int64))
-  (printf "keep_alive_interval=%v" ($r.keepAliveInterval | int64))
-  (printf "keep_alive_max_attempt=%v" ($r.keepAliveMaxAttempt | int64)) -}}
+  (printf "close_timeout=%v" ($r.closeTimeout | int64)) -}}
+{{- /* null: the worker derives it from ELASTIC_MAX_NODES (elastic_worker.settings). */ -}}
+{{- if not (kindIs "invalid" $r.keepAliveInterval) -}}
+{{- $conf = append $conf (printf "keep_alive_interval=%v" ($r.keepAliveInterval | int64)) -}}
+{{- end -}}
+{{- $conf = append $conf (printf "keep_alive_max_attempt=%v" ($r.keepAliveMaxAttempt | int64)) -}}
 {{- range $k, $v := $r.extraConf -}}
 {{- $conf = append $conf (printf "%s=%s" $k (include "elastic-job.str" $v)) -}}
 {{- end -}}

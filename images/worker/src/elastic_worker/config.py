@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastic_worker import envfile
-from elastic_worker.settings import BY_NAME, RDZV_CONF_DEFAULT, Kind, Setting
+from elastic_worker.settings import BY_NAME, Kind, Setting, rdzv_conf_default
 
 # The topology init-topology writes (its NODE_* variables), as the labels of the
 # elastic_job_node_info series: what a dashboard groups pods by (e.g. spot vs on-demand).
@@ -308,12 +308,12 @@ def _pairs(raw: str, name: str, known: frozenset[str] = KNOWN_RDZV_KEYS) -> dict
 
 
 def parse_rdzv_conf(
-    raw: str, name: str = "ELASTIC_RDZV_CONF", backend: str = "etcd-v2"
+    raw: str, name: str = "ELASTIC_RDZV_CONF", backend: str = "etcd-v2", max_nodes: int = 1
 ) -> tuple[tuple[str, str], ...]:
     """`k=v,k=v` into ordered pairs, keys checked against the backend's; the default's
-    pairs fill the keys not given."""
+    for a job of up to `max_nodes` fill the keys not given."""
     known = rdzv_keys(backend)
-    merged = _pairs(RDZV_CONF_DEFAULT, name, known)
+    merged = _pairs(rdzv_conf_default(max_nodes), name, known)
     merged.update(_pairs(raw, name, known))
     return tuple(merged.items())
 
@@ -420,7 +420,9 @@ def load(
     if "/" in pod_name:
         raise ConfigError(f"POD_NAME={pod_name!r} must not contain '/'")
     backend = _backend(env)
-    rdzv_conf = parse_rdzv_conf(text(env, "ELASTIC_RDZV_CONF"), backend=backend)
+    rdzv_conf = parse_rdzv_conf(
+        text(env, "ELASTIC_RDZV_CONF"), backend=backend, max_nodes=max_nodes
+    )
     # "," alone is no glob: the default's, as for an empty value.
     mesh = _list(env, "ELASTIC_MESH_INTERFACES") or _list({}, "ELASTIC_MESH_INTERFACES")
 

@@ -55,12 +55,35 @@ class Setting:
     meaning: str
 
 
-# Rendezvous settings the chart writes from `rendezvous.*` (docs/recovery.md explains
-# each value and how it was measured); keys the chart does not set fall back to these.
-RDZV_CONF_DEFAULT = (
-    "join_timeout=600,last_call_timeout=1,close_timeout=10,"
-    "keep_alive_interval=1,keep_alive_max_attempt=3,heartbeat_timeout=5"
-)
+#: Heartbeat writes per second the rendezvous key is sized for: every node rewrites the
+#: whole state (a compare-and-set of one key) each keep_alive_interval, and joining nodes
+#: compete with those writes. Above it the heartbeats of nodes already in the round stop
+#: landing within interval x attempts, the others evict them, they join again, and the
+#: round never completes. Measured on 2 cores (docs/recovery.md, "Rendezvous at scale"):
+#: 128 agents at 1 s never joined, at 4 s in 5.7-7.1 s (once 20 s); 256 at 4 s never
+#: joined, at 8 s in 11-24 s on etcd-v3 (its backoff; on torch's etcd-v2 backend, never).
+HEARTBEATS_PER_S = 32
+
+
+def keep_alive_interval(max_nodes: int) -> int:
+    """The default `keep_alive_interval` for a job of up to `max_nodes` nodes: 1 s up to
+    HEARTBEATS_PER_S nodes, then longer in proportion. It trades detection time: a node
+    lost without leaving is dropped from the round after interval x keep_alive_max_attempt."""
+    return max(1, -(-max_nodes // HEARTBEATS_PER_S))
+
+
+def rdzv_conf_default(max_nodes: int) -> str:
+    """Rendezvous settings the chart writes from `rendezvous.*` (docs/recovery.md explains
+    each value and how it was measured); keys the chart does not set fall back to these."""
+    return (
+        "join_timeout=600,last_call_timeout=1,close_timeout=10,"
+        f"keep_alive_interval={keep_alive_interval(max_nodes)},keep_alive_max_attempt=3,"
+        "heartbeat_timeout=5"
+    )
+
+
+#: The defaults of a job of up to HEARTBEATS_PER_S nodes (as bench-recovery runs).
+RDZV_CONF_DEFAULT = rdzv_conf_default(1)
 SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 SETTINGS: tuple[Setting, ...] = (
@@ -125,12 +148,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ELASTIC_RDZV_CONF",
         Kind.RDZV_CONF,
-        RDZV_CONF_DEFAULT,
+        "",  # every key has a default, one of which depends on ELASTIC_MAX_NODES
         Source.VALUE,
         "rendezvous.* and rendezvous.tls",
         "torchrun --rdzv-conf for the backend's handler (the keys it reads); keys not given "
-        "take the default's. protocol, ca_cert, ssl_cert, ssl_cert_key also set the "
-        "worker's own etcd client's TLS",
+        f"take {RDZV_CONF_DEFAULT}, but keep_alive_interval=ELASTIC_MAX_NODES/"
+        f"{HEARTBEATS_PER_S} rounded up above {HEARTBEATS_PER_S} nodes. protocol, ca_cert, "
+        "ssl_cert, ssl_cert_key also set the worker's own etcd client's TLS",
     ),
     Setting(
         "ELASTIC_MONITOR_INTERVAL",
