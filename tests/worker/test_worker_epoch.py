@@ -3,13 +3,14 @@ new one (`<job>-r<N>`), agreed on through a compare-and-swap under the project's
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from elastic_worker import completion, config, epoch, etcdv2, kvstore, launch
+from elastic_worker import completion, config, epoch, etcdv2, exits, kvstore, launch, main
 from testlib import EtcdServer
 from worker_helpers import BACKENDS, TRAIN, Agent, backend_etcd, worker_env
 
@@ -114,3 +115,27 @@ def test_a_rendezvous_closed_by_a_failed_agent_does_not_end_the_job(
         assert f"joining rendezvous {job}-r1" in agent.text()
         assert agent.train_lines()[-1] == "[train] done step=6"
     assert etcdv2.Client(etcd.url).get_value(f"/elastic-job/{job}/epoch") == "1"
+
+
+def test_a_sigterm_just_before_torchrun_starts_starts_no_torchrun(
+    etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The signal lands after the loop's stop check but before the Supervisor is there to
+    pass it on (seen in the e2e: a pod recreated at the job's end ran on unsignalled until
+    its grace period ended in SIGKILL). It must end the pod, not start torchrun."""
+    cfg = _config(etcd, "late-term")
+    relay = main._Relay(threading.Event())
+    real_build_argv = launch.build_argv
+
+    def signal_arrives(*args: object, **kwargs: object) -> list[str]:
+        relay(signal.SIGTERM, None)  # the handler, run between the check and the Supervisor
+        return real_build_argv(*args, **kwargs)  # type: ignore[arg-type]
+
+    def must_not_run(self: launch.Supervisor) -> int:
+        raise AssertionError("torchrun started after the pod was told to stop")
+
+    monkeypatch.setattr(launch, "build_argv", signal_arrives)
+    monkeypatch.setattr(launch.Supervisor, "run", must_not_run)
+    ready = main._Ready(None, "127.0.0.1", None)
+    code = main._epochs(cfg, kvstore.connect(cfg), ready, relay, env={}, tracker=None)
+    assert code == exits.signalled(signal.SIGTERM)

@@ -391,6 +391,8 @@ def _epochs(
         relay.supervisor = supervisor = launch.Supervisor(
             torchrun, env, cfg, client, rendezvous=(rdzv_id, ready.local_addr)
         )
+        if relay.stop.is_set():  # a signal between the check above and the line before:
+            return exits.signalled(signal.SIGTERM)  # nobody would pass it to this torchrun
         if tracker is not None:
             tracker.torchrun_started()
         code = supervisor.run()
