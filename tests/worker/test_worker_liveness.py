@@ -91,27 +91,28 @@ class Pod:
 @pytest.fixture
 def pods(etcd: EtcdServer, client: kvstore.KeyStore, tmp_path: Path) -> Iterator[dict[str, Pod]]:
     made: dict[str, Pod] = {}
-    for rank, name in enumerate(("pod-a", "pod-b", "pod-c")):
-        log = tmp_path / f"{name}.attempts"
-        err = (tmp_path / f"{name}.log").open("wb")
-        watch = subprocess.Popen(
-            [str(PYTHON), str(POD_SCRIPT), str(log)], env=pod_env(etcd, name), stderr=err
-        )
-        program = sleeper({"MASTER_ADDR": MASTER[0], "MASTER_PORT": MASTER[1]})
-        log.write_text(
-            f"{ATTEMPT_PREFIX}run_id={JOB} restart=0 group_rank={rank} nodes=3 world_size=3 "
-            f"pid={program.pid}\n"
-        )
-        made[name] = Pod(name, watch, program)
-
-    wait_until("the three members' keys", lambda: members(client) == [liveness.ALIVE] * 3, 20)
-    yield made
-    for pod in made.values():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pod.watch.pid, signal.SIGCONT)
-        for proc in (pod.watch, pod.program):
-            proc.kill()
-            proc.wait()
+    try:  # a setup that times out must not leave the pods running
+        for rank, name in enumerate(("pod-a", "pod-b", "pod-c")):
+            log = tmp_path / f"{name}.attempts"
+            err = (tmp_path / f"{name}.log").open("wb")
+            watch = subprocess.Popen(
+                [str(PYTHON), str(POD_SCRIPT), str(log)], env=pod_env(etcd, name), stderr=err
+            )
+            program = sleeper({"MASTER_ADDR": MASTER[0], "MASTER_PORT": MASTER[1]})
+            log.write_text(
+                f"{ATTEMPT_PREFIX}run_id={JOB} restart=0 group_rank={rank} nodes=3 world_size=3 "
+                f"pid={program.pid}\n"
+            )
+            made[name] = Pod(name, watch, program)
+        wait_until("the three members' keys", lambda: members(client) == [liveness.ALIVE] * 3, 20)
+        yield made
+    finally:
+        for pod in made.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pod.watch.pid, signal.SIGCONT)
+            for proc in (pod.watch, pod.program):
+                proc.kill()
+                proc.wait()
 
 
 def test_a_frozen_member_stops_the_others_training_within_the_ttl_and_itself_on_return(
