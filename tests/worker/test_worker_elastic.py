@@ -153,19 +153,25 @@ def test_three_agents_finish_and_a_late_agent_exits_0_at_once(
     assert late.train_lines() == []
 
 
-def test_sigterm_to_one_agent_checkpoints_and_the_others_resume_without_it(
-    start_agent: Start, tmp_path: Path
-) -> None:
-    args = ["--steps", "40", "--checkpoint-every", "1000", "--step-seconds", "0.25"]
-    agents = [start_agent(f"w{i}", "term", args) for i in range(3)]
+def sigterm_one_of_three(agents: list[Agent]) -> tuple[Agent, list[Agent], float]:
+    """Once the three train together, SIGTERM the second (as the kubelet does): the leaver,
+    the survivors and when the signal was sent."""
     wait_until(
         "three agents training together",
         lambda: all(len([s for s in steps(a) if s[1] == 3]) >= 4 for a in agents),
         timeout=120,
     )
-    leaver, survivors = agents[1], [agents[0], agents[2]]
     sent = time.monotonic()
-    leaver.proc.send_signal(signal.SIGTERM)
+    agents[1].proc.send_signal(signal.SIGTERM)
+    return agents[1], [agents[0], agents[2]], sent
+
+
+def test_sigterm_to_one_agent_checkpoints_and_the_others_resume_without_it(
+    start_agent: Start, tmp_path: Path
+) -> None:
+    args = ["--steps", "40", "--checkpoint-every", "1000", "--step-seconds", "0.25"]
+    agents = [start_agent(f"w{i}", "term", args) for i in range(3)]
+    leaver, survivors, sent = sigterm_one_of_three(agents)
     code = leaver.wait(40)  # the grace period (30 s) plus a margin
     assert time.monotonic() - sent < 35
     lines = leaver.train_lines(sent)
@@ -199,14 +205,7 @@ def test_a_node_stopped_by_sigterm_leaves_the_round_so_the_others_need_not_wait_
         )
     }
     agents = [start_agent(f"w{i}", f"leave-{backend}", args, **slow_expiry) for i in range(3)]
-    wait_until(
-        "three agents training together",
-        lambda: all(len([s for s in steps(a) if s[1] == 3]) >= 4 for a in agents),
-        timeout=120,
-    )
-    leaver, survivors = agents[1], [agents[0], agents[2]]
-    sent = time.monotonic()
-    leaver.proc.send_signal(signal.SIGTERM)
+    leaver, survivors, sent = sigterm_one_of_three(agents)
     assert leaver.wait(40) not in (0, 2, 3, 4), leaver.text()[-2000:]
     assert "left rendezvous leave-" in leaver.text(), leaver.text()[-2000:]
     wait_until(
