@@ -124,6 +124,11 @@ def remove_stale() -> None:
                 shutil.rmtree(d, ignore_errors=True)
 
 
+def bridge_mac(subnet: ipaddress.IPv4Network) -> str:
+    """A locally administered unicast address for the run's bridge, from its subnet."""
+    return "02:00:" + ":".join(f"{b:02x}" for b in subnet.network_address.packed)
+
+
 @dataclass
 class PodNet:
     name: str  # pod name
@@ -158,7 +163,11 @@ class Network:
             remove_stale()
             self.subnet = pick_subnet(used_ipv4_networks(), os.getpid())
             self.host_ip = str(self.subnet.network_address + 1)
-            run_ip("link", "add", self.bridge, "type", "bridge")
+            # A bridge without an address of its own takes the lowest of its ports' and
+            # changes it when that port goes: the pods' ARP entries for the host then point
+            # nowhere, and the API server is unreachable for up to a minute after a pod is
+            # deleted (seen: workers stopped at the job's end timed out reading the scale).
+            run_ip("link", "add", self.bridge, "address", bridge_mac(self.subnet), "type", "bridge")
             self._made_bridge = True
             run_ip("addr", "add", f"{self.host_ip}/24", "dev", self.bridge)
             run_ip("link", "set", self.bridge, "up")

@@ -1,12 +1,21 @@
-"""DNS names and hosts files of the pods, and the choice of a free subnet."""
+"""DNS names and hosts files of the pods, the choice of a free subnet, and the host's
+address staying reachable while pods come and go."""
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from localrun.cluster.dns import PodRecord, ServiceRecord, dns_table
 from localrun.host.dnsfiles import hosts_file, resolv_conf
-from localrun.host.network import RANGE, pick_subnet
+from localrun.host.network import RANGE, Network, pick_subnet
 
 D = "cluster.local"
 W0 = PodRecord("demo-w-0", "default", "198.18.5.11", "demo-workers")
@@ -64,3 +73,46 @@ def test_pick_subnet_stays_in_the_benchmark_range_and_avoids_used_ones() -> None
     assert got.subnet_of(RANGE)
     assert not any(got.overlaps(u) for u in used)
     assert got == ipaddress.ip_network("198.19.1.0/24")
+
+
+def _connects(net: Network, pod: str, host: str, port: int) -> bool:
+    code = f"import socket; socket.create_connection(({host!r}, {port}), timeout=2).close()"
+    proc = subprocess.run(
+        [*net.exec_prefix(pod), sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        timeout=30,
+    )
+    return proc.returncode == 0
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and ip"
+)
+def test_the_host_stays_reachable_when_the_pod_whose_port_gave_the_bridge_its_address_goes() -> (
+    None
+):
+    # The API server listens on the bridge's address. A bridge that takes its address from
+    # its lowest port changes it when that pod is deleted, and the other pods' cached ARP
+    # entries then reach nobody: the workers stopped at a job's end could not read the scale.
+    net = Network(f"e{os.getpid()}", "cluster.local")
+    net.setup()
+    listener = socket.create_server((net.host_ip, 0))
+    try:
+        port = listener.getsockname()[1]
+        for pod in ("a", "b", "c"):
+            net.add_pod(pod, 0)
+        mac = {
+            p: Path(f"/sys/class/net/{n.host_veth}/address").read_text()
+            for p, n in net.pods.items()
+        }
+        keeper = max(mac, key=mac.__getitem__)  # the others include the lowest address
+        assert _connects(net, keeper, net.host_ip, port)  # its ARP cache now holds the host
+        for pod in [p for p in mac if p != keeper]:
+            net.remove_pod(pod)
+        assert _connects(net, keeper, net.host_ip, port), (
+            "the host is unreachable from the pod left"
+        )
+    finally:
+        listener.close()
+        net.teardown()
