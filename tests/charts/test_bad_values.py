@@ -171,6 +171,13 @@ CASES = [
     ),
     Bad("last-call-not-integer", "rendezvous.lastCallTimeout", ("rendezvous.lastCallTimeout=1.5",)),
     Bad(
+        "lifeline-on-the-metrics-port",
+        "rendezvous.lifeline.port",
+        ("monitoring.enabled=true", "rendezvous.lifeline.port=9405"),
+        also=("monitoring.port",),
+    ),
+    Bad("lifeline-port-zero", "rendezvous.lifeline.port", ("rendezvous.lifeline.port=0",)),
+    Bad(
         "keep-alive-attempts-zero",
         "rendezvous.keepAliveMaxAttempt",
         ("rendezvous.keepAliveMaxAttempt=0",),

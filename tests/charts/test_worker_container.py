@@ -256,6 +256,22 @@ def test_warm_start_settings_reach_the_worker() -> None:
     assert env["ELASTIC_WARM_PRELOAD"] == "torch,torchvision.models"
 
 
+def test_the_lifeline_is_on_by_default_on_its_named_port_and_off_when_disabled() -> None:
+    """rendezvous.lifeline: the container port `lifeline` and the two variables; off, no
+    port (and no ports at all without the metrics)."""
+    on = container(render_sts(), "worker")
+    assert {"name": "lifeline", "containerPort": 9406, "protocol": "TCP"} in on["ports"]
+    assert (env_of(on)["ELASTIC_LIFELINE"], env_of(on)["ELASTIC_LIFELINE_PORT"]) == ("true", "9406")
+    moved = container(render_sts(sets=["rendezvous.lifeline.port=29406"]), "worker")
+    assert {"name": "lifeline", "containerPort": 29406, "protocol": "TCP"} in moved["ports"]
+    assert env_of(moved)["ELASTIC_LIFELINE_PORT"] == "29406"
+    off = container(
+        render_sts(sets=["rendezvous.lifeline.enabled=false", "monitoring.enabled=false"]), "worker"
+    )
+    assert "ports" not in off
+    assert env_of(off)["ELASTIC_LIFELINE"] == "false"
+
+
 def test_gate_and_mesh_settings() -> None:
     """gate.timeoutSeconds/peers and mesh.interfaces/required as strings."""
     env = worker_env(

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from testlib import EtcdServer
+from testlib import EtcdServer, free_port
 from worker_helpers import (
     BACKENDS,
     TRAIN,
@@ -214,6 +214,56 @@ def test_a_node_stopped_by_sigterm_leaves_the_round_so_the_others_need_not_wait_
         timeout=40,  # the keep-alive window is 60 s: only the leave makes this in time
     )
     print(f"{backend}: SIGTERM to training at two: {time.monotonic() - sent:.1f} s")
+    for agent in survivors:
+        assert agent.wait(180) == 0, agent.text()[-3000:]
+        assert agent.train_lines()[-1] == "[train] done step=60"
+    assert rounds(agents) == [3, 2]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_killed_node_is_taken_out_through_its_lifeline_before_its_keep_alive_lapses(
+    start_agent: Start, backend: str
+) -> None:
+    """A pod whose processes are all SIGKILLed: its lifeline closes, and the others take its
+    node out of torch's round (lifeline.py). With a 60 s keep-alive window they could
+    otherwise re-form only after about a minute. Each agent has an address of its own,
+    as a pod has, and the lifeline on."""
+    args = ["--steps", "60", "--checkpoint-every", "5", "--step-seconds", "0.25"]
+    port = str(free_port())
+    slow_expiry = {
+        "ELASTIC_RDZV_CONF": (
+            "join_timeout=600,last_call_timeout=1,close_timeout=60,"
+            "keep_alive_interval=5,keep_alive_max_attempt=12"
+        ),
+        "ELASTIC_LIFELINE": "true",
+        "ELASTIC_LIFELINE_PORT": port,
+    }
+    agents = [
+        start_agent(
+            f"w{i}",
+            f"lifeline-{backend}",
+            args,
+            ELASTIC_LOCAL_ADDR=f"127.0.0.{11 + i}",
+            **slow_expiry,
+        )
+        for i in range(3)
+    ]
+    wait_until(
+        "three agents training together",
+        lambda: all(len([s for s in steps(a) if s[1] == 3]) >= 4 for a in agents),
+        timeout=120,
+    )
+    dead, survivors = agents[1], [agents[0], agents[2]]
+    killed = time.monotonic()
+    dead.kill()  # elastic-worker, its torchrun, the training process and the warm server
+    wait_until(
+        "the others training at two",
+        lambda: all(any(s[1] == 2 for s in steps(a, killed)) for a in survivors),
+        timeout=40,  # the keep-alive window is 60 s: only the lifeline makes this in time
+    )
+    print(f"{backend}: SIGKILL to training at two: {time.monotonic() - killed:.1f} s")
+    took_out = [a for a in survivors if "took 127.0.0.12:" in a.text()]
+    assert took_out, survivors[0].text()[-3000:]
     for agent in survivors:
         assert agent.wait(180) == 0, agent.text()[-3000:]
         assert agent.train_lines()[-1] == "[train] done step=60"

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -95,6 +96,51 @@ def test_another_node_is_left_alone(etcd_factory: Callable[..., EtcdServer]) -> 
     assert leave.leave(cfg, "other", "127.0.0.1", member + 100_000) is False
     assert leave.leave(cfg, "other", "10.0.0.9", member) is False
     assert leave.leave(cfg, "other", "127.0.0.1", member) is True
+
+
+def test_a_node_seen_dead_stays_when_it_beat_after_and_goes_otherwise(
+    etcd_factory: Callable[..., EtcdServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """lifeline.py's removal of another pod's node: a heartbeat newer than the moment its
+    lifeline closed means a new torchrun with the same address and pid; it stays."""
+    cfg = _config(backend_etcd(etcd_factory, "etcd-v3"), "dead")
+    before = time.time()
+    member, _ = _agent(cfg, "dead")
+    made = lambda: epoch.handler(cfg, "dead")  # noqa: E731
+    with caplog.at_level(logging.INFO, logger="elastic_worker"):
+        assert leave.leave_with(made, "dead", "127.0.0.1", member, dead_since=before) is False
+        assert f"kept 127.0.0.1:{member} in rendezvous dead" in caplog.text
+        assert leave.participants(made()) == [("127.0.0.1", member)]
+        assert leave.leave_with(made, "dead", "127.0.0.1", member, dead_since=time.time())
+    assert f"took 127.0.0.1:{member} out of rendezvous dead (participants" in caplog.text
+    assert leave.participants(made()) == []
+
+
+def test_of_two_survivors_taking_out_one_dead_node_only_one_reports_it(
+    etcd_factory: Callable[..., EtcdServer],
+) -> None:
+    """Both survivors see the lifeline close and both try; the compare-and-swap lets one
+    write it, and the other, finding the node gone, says nothing was removed."""
+    cfg = _config(backend_etcd(etcd_factory, "etcd-v2"), "twice")
+    member, _ = _agent(cfg, "twice")
+    since = time.time()
+    results: list[bool] = []
+    gate = threading.Barrier(2)
+
+    def survivor() -> None:
+        handler = epoch.handler(cfg, "twice")
+        handler._state_holder.sync()  # type: ignore[attr-defined]  # both hold the same state
+        gate.wait()
+        results.append(
+            leave.leave_with(lambda: handler, "twice", "127.0.0.1", member, dead_since=since)
+        )
+
+    threads = [threading.Thread(target=survivor) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(results) == [False, True]
 
 
 def test_without_the_internals_it_says_so_and_the_keep_alive_remains(

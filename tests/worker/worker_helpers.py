@@ -61,6 +61,9 @@ def worker_env(endpoint: str, job_id: str, **extra: str) -> dict[str, str]:
         "ELASTIC_GATE_TIMEOUT": "60",
         "ELASTIC_GRACE_PERIOD": "30",
         "ELASTIC_LOCAL_ADDR": "127.0.0.1",
+        # Agents here share 127.0.0.1, so they cannot each hold the lifeline port:
+        # the lifeline tests give each agent an address of its own and turn it on.
+        "ELASTIC_LIFELINE": "false",
         "GLOO_SOCKET_IFNAME": "lo",
         "OMP_NUM_THREADS": "1",
     }

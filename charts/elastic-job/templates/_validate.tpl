@@ -97,6 +97,9 @@ interpreter the script (or the module after -m). Empty arguments elsewhere are d
 {{- if ge (float64 $v.rendezvous.lastCallTimeout) (float64 $v.rendezvous.joinTimeout) -}}
 {{- fail (printf "rendezvous.lastCallTimeout (%v) must be shorter than rendezvous.joinTimeout (%v)" $v.rendezvous.lastCallTimeout $v.rendezvous.joinTimeout) -}}
 {{- end -}}
+{{- if and $v.rendezvous.lifeline.enabled $v.monitoring.enabled (eq (int64 $v.rendezvous.lifeline.port) (int64 $v.monitoring.port)) -}}
+{{- fail (printf "rendezvous.lifeline.port and monitoring.port are both %d: the container cannot serve both on one port; give one of them another port" (int64 $v.monitoring.port)) -}}
+{{- end -}}
 {{- /* Variables whose values come from node labels: a rule, not a list of known-bad names
 (the same rule in images/init-topology). Only the families a node's fabric is tuned by, and
 none that loads code or says where code is loaded from. */ -}}
@@ -122,7 +125,7 @@ none that loads code or says where code is loaded from. */ -}}
 {{- end -}}
 {{- end -}}
 {{- /* Names the chart sets on the worker container; the user's env must not repeat them. */ -}}
-{{- $owned := list "ELASTIC_JOB_ID" "ELASTIC_RDZV_ENDPOINT" "ELASTIC_RDZV_BACKEND" "ELASTIC_MIN_NODES" "ELASTIC_MAX_NODES" "ELASTIC_NPROC_PER_NODE" "ELASTIC_MAX_RESTARTS" "ELASTIC_RDZV_CONF" "ELASTIC_MONITOR_INTERVAL" "ELASTIC_LOSS_DETECTION" "ELASTIC_WARM_START" "ELASTIC_WARM_PRELOAD" "ELASTIC_GATE_TIMEOUT" "ELASTIC_GATE_PEERS" "ELASTIC_MESH_INTERFACES" "ELASTIC_MESH_REQUIRED" "ELASTIC_INJECT_ENV" "ELASTIC_GRACE_PERIOD" "ELASTIC_SCALE_DOWN" "ELASTIC_STATEFULSETS" "ELASTIC_RENDEZVOUS_STATEFULSET" "ELASTIC_GROUP" "ELASTIC_METRICS" "ELASTIC_METRICS_PORT" "ELASTIC_EVENTS" "CHECKPOINT_DIR" "POD_NAME" "POD_NAMESPACE" "POD_IP" "POD_UID" "NODE_NAME" -}}
+{{- $owned := list "ELASTIC_JOB_ID" "ELASTIC_RDZV_ENDPOINT" "ELASTIC_RDZV_BACKEND" "ELASTIC_MIN_NODES" "ELASTIC_MAX_NODES" "ELASTIC_NPROC_PER_NODE" "ELASTIC_MAX_RESTARTS" "ELASTIC_RDZV_CONF" "ELASTIC_MONITOR_INTERVAL" "ELASTIC_LOSS_DETECTION" "ELASTIC_LIFELINE" "ELASTIC_LIFELINE_PORT" "ELASTIC_WARM_START" "ELASTIC_WARM_PRELOAD" "ELASTIC_GATE_TIMEOUT" "ELASTIC_GATE_PEERS" "ELASTIC_MESH_INTERFACES" "ELASTIC_MESH_REQUIRED" "ELASTIC_INJECT_ENV" "ELASTIC_GRACE_PERIOD" "ELASTIC_SCALE_DOWN" "ELASTIC_STATEFULSETS" "ELASTIC_RENDEZVOUS_STATEFULSET" "ELASTIC_GROUP" "ELASTIC_METRICS" "ELASTIC_METRICS_PORT" "ELASTIC_EVENTS" "CHECKPOINT_DIR" "POD_NAME" "POD_NAMESPACE" "POD_IP" "POD_UID" "NODE_NAME" -}}
 {{- range $name := $groups -}}
 {{- $g := index $v.workerGroups $name -}}
 {{- $s := include "elastic-job.groupSettings" (dict "root" $ "name" $name "group" $g) | fromYaml -}}

@@ -1,10 +1,11 @@
 """The attempt line (docs/contracts.md, "The attempt line") as the attempt shim appends
 it to ELASTIC_ATTEMPT_LOG, and the process it names. Read by follow.py (metrics) and
-liveness.py (silent-loss detection); nothing here needs prometheus-client.
+liveness.py (silent-loss detection) and lifeline.py; nothing here needs prometheus-client.
 """
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,16 @@ class Attempt:
 
 
 ATTEMPT_PREFIX = "[elastic-worker] attempt "
+
+
+def ensure_log(env: dict[str, str], prefix: str) -> tuple[Path, Path | None]:
+    """The attempt log of torchrun run with `env`, set there when nobody did yet (every
+    reader reads the same file), and the directory made for it (None: not ours)."""
+    if env.get(ATTEMPT_LOG_ENV):
+        return Path(env[ATTEMPT_LOG_ENV]), None
+    own_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    env[ATTEMPT_LOG_ENV] = str(own_dir / "attempts")
+    return Path(env[ATTEMPT_LOG_ENV]), own_dir
 
 
 def parse_attempt(line: str) -> Attempt | None:

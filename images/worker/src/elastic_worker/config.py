@@ -172,6 +172,8 @@ class Config:
     group: str
     metrics: bool
     loss_detection: bool
+    lifeline: bool
+    lifeline_port: int
     warm_start: bool
     warm_preload: tuple[str, ...]
     metrics_port: int
@@ -450,6 +452,8 @@ def load(
         group=text(env, "ELASTIC_GROUP"),
         metrics=_bool(env, "ELASTIC_METRICS"),
         loss_detection=_bool(env, "ELASTIC_LOSS_DETECTION"),
+        lifeline=_bool(env, "ELASTIC_LIFELINE"),
+        lifeline_port=_port(env, "ELASTIC_LIFELINE_PORT"),
         warm_start=_bool(env, "ELASTIC_WARM_START"),
         warm_preload=preload,
         metrics_port=_port(env, "ELASTIC_METRICS_PORT"),

@@ -63,19 +63,26 @@ def leave(config: Config, rdzv_id: str, addr: str | None, pid: int) -> bool:
 
 
 def leave_with(
-    make_handler: Callable[[], RendezvousHandler], rdzv_id: str, addr: str | None, pid: int
+    make_handler: Callable[[], RendezvousHandler],
+    rdzv_id: str,
+    addr: str | None,
+    pid: int,
+    *,
+    dead_since: float | None = None,
 ) -> bool:
     """leave() with the handler torchrun made for `rdzv_id` (torch's registry), made by
-    `make_handler` (scripts/bench-recovery makes its own, without elastic-worker's Config)."""
+    `make_handler` (scripts/bench-recovery makes its own, without elastic-worker's Config).
+
+    `dead_since` (time.time()): another pod's node, seen dead then (lifeline.py); it stays
+    when its heartbeat is newer (a new torchrun with the same address and pid)."""
     try:
         dr = _import_dynamic_rendezvous()
         handler: Any = make_handler()
         # torchrun makes one handler, the first node descriptor of its process: local_id 0.
         node = dr._NodeDesc(addr or socket.getfqdn(), pid, 0)
-        executor = dr._DistributedRendezvousOpExecutor(
-            node, handler._state_holder, handler._settings
-        )
-        op = _LeaveOp(dr._Action)
+        holder = _Recording(handler._state_holder)
+        executor = dr._DistributedRendezvousOpExecutor(node, holder, handler._settings)
+        op = _LeaveOp(dr._Action, holder, dead_since)
         executor.run(op, time.monotonic() + TIMEOUT)
     except (AttributeError, TypeError) as exc:  # names or signatures this torch lacks
         logger.info(
@@ -88,7 +95,23 @@ def leave_with(
     except Exception as exc:  # noqa: BLE001 - etcd's and torch's errors: the keep-alive remains
         logger.info("could not leave rendezvous %s at once: %s", rdzv_id, exc)
         return False
-    if op.removed_from:
+    if op.beat_after_death:
+        logger.info(
+            "kept %s:%d in rendezvous %s: it beat after its lifeline closed (a new torchrun)",
+            node.addr,
+            pid,
+            rdzv_id,
+        )
+    elif op.removed_from and dead_since is not None:
+        logger.info(
+            "took %s:%d out of rendezvous %s (%s of round %d): the others re-form without it now",
+            node.addr,
+            pid,
+            rdzv_id,
+            op.removed_from,
+            op.round,
+        )
+    elif op.removed_from:
         logger.info(
             "left rendezvous %s (%s of round %d): the others re-form without this node now",
             rdzv_id,
@@ -98,17 +121,58 @@ def leave_with(
     return bool(op.removed_from)
 
 
+def participants(handler: RendezvousHandler) -> list[tuple[str, int]]:
+    """The torchruns (address, pid) in the round `handler`'s rendezvous holds now: its
+    participants, read (and sanitized) as torch's agents read them."""
+    holder: Any = handler._state_holder  # type: ignore[attr-defined]
+    holder.sync()
+    return [(n.addr, n.pid) for n in holder.state.participants if n.local_id == 0]
+
+
+class _Recording:
+    """torch's state holder, remembering whether its last sync wrote our change: a removal
+    another pod wrote first (two survivors of one death) is not ours to report."""
+
+    def __init__(self, holder: Any) -> None:
+        self._holder = holder
+        self.has_set: bool | None = None
+
+    @property
+    def state(self) -> Any:
+        return self._holder.state
+
+    def sync(self) -> bool | None:
+        self.has_set = self._holder.sync()
+        return self.has_set
+
+    def mark_dirty(self) -> None:
+        self._holder.mark_dirty()
+
+
 class _LeaveOp:
     """A torch rendezvous operation (a state handler for the op executor): out of the
     participants, else the wait list, else the redundancy list; then done."""
 
-    def __init__(self, action: Any) -> None:
+    def __init__(self, action: Any, holder: _Recording, dead_since: float | None = None) -> None:
         self._action = action
+        self._holder = holder
+        self._dead_since = dead_since
         self.removed_from = ""
         self.round = -1
+        self.beat_after_death = False
 
     def __call__(self, ctx: Any, deadline: float) -> Any:
+        if self.removed_from and self._holder.has_set is False:
+            self.removed_from = ""  # our write lost to another: decide again on its state
         state = ctx.state
+        beat = state.last_heartbeats.get(ctx.node)
+        if (
+            self._dead_since is not None
+            and beat is not None
+            and beat.timestamp() > self._dead_since
+        ):
+            self.beat_after_death = True
+            return self._action.FINISH
         for members, action, name in (
             (state.participants, self._action.REMOVE_FROM_PARTICIPANTS, "participants"),
             (state.wait_list, self._action.REMOVE_FROM_WAIT_LIST, "wait list"),

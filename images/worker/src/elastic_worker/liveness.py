@@ -35,14 +35,13 @@ import logging
 import os
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from elastic_worker import completion, kvstore
-from elastic_worker.attempt import ATTEMPT_LOG_ENV, Tail, parse_attempt, process_alive
+from elastic_worker.attempt import Tail, ensure_log, parse_attempt, process_alive
 from elastic_worker.config import Config
 
 logger = logging.getLogger(__name__)
@@ -269,11 +268,8 @@ class Watch:
 def start(client: kvstore.KeyStore, config: Config, env: dict[str, str]) -> Watch:
     """Start watching the rounds of torchrun run with `env`; sets the attempt log there
     when the metrics' follower did not (both read the same file)."""
-    own_dir = None
-    if ATTEMPT_LOG_ENV not in env:
-        own_dir = Path(tempfile.mkdtemp(prefix="elastic-liveness-"))
-        env[ATTEMPT_LOG_ENV] = str(own_dir / "attempts")
-    watch = Watch(client, config, Path(env[ATTEMPT_LOG_ENV]))
+    log, own_dir = ensure_log(env, "elastic-liveness-")
+    watch = Watch(client, config, log)
     watch.own_dir = own_dir
     watch.start()
     return watch

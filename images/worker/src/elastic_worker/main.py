@@ -12,16 +12,19 @@ import importlib.util
 import logging
 import os
 import shlex
+import shutil
 import signal
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from elastic_worker import (
+    attempt,
     completion,
     config,
     epoch,
@@ -30,6 +33,7 @@ from elastic_worker import (
     gate,
     kvstore,
     launch,
+    lifeline,
     liveness,
     memlock,
     netif,
@@ -61,6 +65,11 @@ class _Relay:
         self.stop.set()
         if self.supervisor is not None:
             self.supervisor.forward(signum)
+
+    def torchrun_pid(self) -> int | None:
+        """The running torchrun's pid (the node torch knows this pod by), if any."""
+        proc = self.supervisor.proc if self.supervisor is not None else None
+        return proc.pid if proc is not None and proc.returncode is None else None
 
 
 @dataclass(frozen=True)
@@ -322,6 +331,10 @@ def _train(
     follower = _start_follower(tracker, ready, env) if tracker is not None else None
     watch = liveness.start(client, cfg, env) if cfg.loss_detection else None
     server = _start_warm(cfg, env)
+    lifeline_server = lifeline.serve(cfg, ready.local_addr, relay.torchrun_pid)
+    attempt_log, own_dir = (
+        attempt.ensure_log(env, "elastic-lifeline-") if lifeline_server else (None, None)
+    )
     if ready.registration is not None:
         ready.registration.start()
     try:
@@ -334,11 +347,16 @@ def _train(
             tracker=tracker,
             recorder=recorder,
             warm_socket=server.socket_path if server is not None else None,
+            lifelines=attempt_log,
         )
     except kvstore.EtcdError as exc:
         logger.error("etcd at %s failed: %s", cfg.endpoint, exc)
         return exits.GATE_TIMEOUT
     finally:
+        if lifeline_server is not None:
+            lifeline_server.stop()
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
         if server is not None:
             server.stop()
         if follower is not None:
@@ -376,8 +394,10 @@ def _epochs(
     tracker: metrics.Tracker | None,
     recorder: events.Recorder | None = None,
     warm_socket: str | None = None,
+    lifelines: Path | None = None,
 ) -> int:
-    """torchrun in the current epoch; again in the next while torch closed it early."""
+    """torchrun in the current epoch; again in the next while torch closed it early.
+    `lifelines`: the attempt log, when this pod holds lifelines to its peers (lifeline.py)."""
     epoch_now = epoch.current(client, cfg)
     code = 0
     for reopen in range(epoch.MAX_REOPENS + 1):
@@ -395,7 +415,16 @@ def _epochs(
             return exits.signalled(signal.SIGTERM)  # nobody would pass it to this torchrun
         if tracker is not None:
             tracker.torchrun_started()
-        code = supervisor.run()
+        watcher = (
+            None
+            if lifelines is None
+            else lifeline.watch(cfg, rdzv_id, ready.local_addr, relay.torchrun_pid, lifelines)
+        )
+        try:
+            code = supervisor.run()
+        finally:
+            if watcher is not None:
+                watcher.stop()
         if code == 0 or supervisor.signalled is not None or reopen == epoch.MAX_REOPENS:
             return code
         if not _closed_early(cfg, rdzv_id):

@@ -174,6 +174,24 @@ SETTINGS: tuple[Setting, ...] = (
         "its key under /elastic-job/<id>/rounds/ (a silent loss), so that torchrun re-forms",
     ),
     Setting(
+        "ELASTIC_LIFELINE",
+        Kind.BOOL,
+        "true",
+        Source.VALUE,
+        "rendezvous.lifeline.enabled",
+        "hold a TCP connection to every other node of the round; when one closes and the "
+        "peer's torchrun is gone, take its node out of torch's round at once instead of "
+        "waiting for its keep-alive (docs/recovery.md, Lifelines)",
+    ),
+    Setting(
+        "ELASTIC_LIFELINE_PORT",
+        Kind.PORT,
+        "9406",
+        Source.VALUE,
+        "rendezvous.lifeline.port",
+        "the port of the lifeline (the container port named `lifeline`), the same in every pod",
+    ),
+    Setting(
         "ELASTIC_WARM_START",
         Kind.BOOL,
         "true",
