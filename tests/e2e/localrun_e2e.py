@@ -202,6 +202,19 @@ def assert_cleaned_up(run: LocalRun) -> None:
     )
 
 
+def assert_taken_out_by_lifeline(run: LocalRun, dead: str, survivors: list[str]) -> None:
+    """A survivor took the SIGKILLed pod's node out of torch's round through its lifeline
+    (elastic_worker/lifeline.py), exactly one of them said so, and nobody took a node out
+    at the job's end (the pods that end then say goodbye)."""
+    placed = re.search(rf"{re.escape(dead)}: scheduled on \S+, ip (\S+)", run.events())
+    assert placed, run.events()[-4000:]
+    took = re.compile(rf"took {re.escape(placed[1])}:\d+ out of rendezvous")
+    said = [p for p in survivors if took.search(run.log(p))]
+    assert len(said) == 1, (placed[1], said, run.events()[-4000:])
+    gone = run.events().count("is gone (its lifeline closed)")
+    assert gone == len(survivors), run.events()[-4000:]
+
+
 def reform(run: LocalRun, cause_prefix: str) -> dict[str, Any]:
     found: list[dict[str, Any]] = [
         r for r in run.summary["reforms"] if r["cause"].startswith(cause_prefix)

@@ -19,6 +19,7 @@ from localrun_e2e import (
     ROOT,
     assert_cleaned_up,
     assert_nothing_lost,
+    assert_taken_out_by_lifeline,
     in_order,
     pod,
     reform,
@@ -97,6 +98,7 @@ def test_etcd_v3_sigkill_one_pod_reforms_at_two_resumes_and_grows_back(tmp_path:
     assert kill["resumed_step"] in s["checkpoint_steps"], kill
     assert kill["steps_lost"] <= 5, kill
     assert in_order(s["world_sizes"], [3, 2, 3]), run.describe()
+    assert_taken_out_by_lifeline(run, pod(1), [pod(0), pod(2)])
     log1 = run.log(pod(1))
     assert log1.count("==== elastic-local: worker start") >= 2
     assert re.search(r"^\[train\] resumed step=\d+", log1, re.M), "pod 1 rejoined from a checkpoint"

@@ -21,6 +21,7 @@ from localrun_e2e import (
     ROOT,
     assert_cleaned_up,
     assert_nothing_lost,
+    assert_taken_out_by_lifeline,
     in_order,
     pod,
     reform,
@@ -104,6 +105,7 @@ def test_sigkill_one_pod_reforms_at_two_resumes_and_grows_back(tmp_path: Path) -
     assert "rendezvous round 3: world size" in run.stdout, run.describe()
     assert s["pods"][pod(1)]["restarts"] >= 1
     assert "exited 137" in run.events()
+    assert_taken_out_by_lifeline(run, pod(1), [pod(0), pod(2)])
     log1 = run.log(pod(1))
     assert log1.count("==== elastic-local: worker start") >= 2
     assert re.search(r"^\[train\] resumed step=\d+", log1, re.M), "pod 1 rejoined from a checkpoint"

@@ -55,7 +55,8 @@ class Server:
 
     def __init__(self, host: str, port: int, pid: Callable[[], int | None]) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.create_server((host, port), family=family, backlog=128)
+        # Every peer connects when a round starts: room for a large job's at once.
+        self._sock = socket.create_server((host, port), family=family, backlog=1024)
         self._sock.setblocking(False)
         self.port = self._sock.getsockname()[1]
         self._pid = pid
