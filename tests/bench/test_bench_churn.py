@@ -124,8 +124,9 @@ def test_the_silent_baseline_is_torchs_own_rendezvous_defaults_through_the_chart
         float(env["ELASTIC_MONITOR_INTERVAL"])
         == get_args_parser().parse_args(["x"]).monitor_interval
     )
-    # no round liveness, a new interpreter per training process: as torchrun alone
+    # no round liveness, no lifelines, a new interpreter per training process: as torchrun alone
     assert env["ELASTIC_LOSS_DETECTION"] == "false"
+    assert env["ELASTIC_LIFELINE"] == "false"
     assert env["ELASTIC_WARM_START"] == "false"
     # the scripts' values layered over a profile keep both (helm's -f merge)
     command = {"job": {"command": ["python", "x.py"]}}

@@ -15,6 +15,7 @@ The reasons (docs/contracts.md, "Events"):
     LeftOnSignal         Normal   SIGTERM: training stopped (checkpointed) and the pod left
     JobCompleted         Normal   training succeeded (on the StatefulSet: once per job)
     RendezvousReopened   Warning  torch closed the rendezvous early; a fresh one is joined
+    PeerGone             Warning  a peer's processes died: this pod took its node out of the round
 """
 
 from __future__ import annotations

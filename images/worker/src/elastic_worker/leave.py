@@ -43,7 +43,8 @@ TIMEOUT = 5.0
 
 def preload() -> threading.Thread:
     """Import torch's rendezvous module in the background (1-2 s of CPU): started when the
-    SIGTERM comes, so that it is done by the time torchrun has stopped its workers."""
+    SIGTERM comes, so that it is done by the time torchrun has stopped its workers, and by
+    the lifelines when torchrun starts."""
     thread = threading.Thread(target=_import_dynamic_rendezvous, name="leave-preload", daemon=True)
     thread.start()
     return thread

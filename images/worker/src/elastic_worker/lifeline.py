@@ -290,10 +290,18 @@ def watch(
     local_addr: str | None,
     pid: Callable[[], int | None],
     attempt_log: Path,
+    *,
+    on_removed: Callable[[Node], None] | None = None,
 ) -> Watcher:
-    """Lifelines to the other nodes of each round of `rdzv_id` while this torchrun runs."""
+    """Lifelines to the other nodes of each round of `rdzv_id` while this torchrun runs;
+    `on_removed(node)` after this pod took a node out (an Event)."""
     from elastic_worker import epoch, leave  # noqa: PLC0415 - torch, when a round starts
 
+    # torch's rendezvous module, imported while torchrun starts and rendezvouses, so that
+    # lifelines are held from the first round's start. Its CPU (0.75 s here) is what the
+    # lifelines cost at bring-up: four nodes on two cores trained together 1-1.5 s later
+    # (docs/recovery.md, Lifelines); nothing on a node with cores to spare.
+    leave.preload()
     handler: list[Any] = []
     addr = local_addr or socket.getfqdn()
 
@@ -306,11 +314,17 @@ def watch(
         p = pid()
         return None if p is None else (addr, p)
 
+    def remove(node: Node, since: float) -> bool:
+        removed = leave.leave_with(made, rdzv_id, *node, dead_since=since)
+        if removed and on_removed is not None:
+            on_removed(node)
+        return removed
+
     tail = Tail(attempt_log)
     return Watcher(
         own,
         config.lifeline_port,
         lambda: leave.participants(made()),
-        lambda node, since: leave.leave_with(made, rdzv_id, *node, dead_since=since),
+        remove,
         lambda: bool(tail.lines()),
     ).start()

@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -418,7 +418,14 @@ def _epochs(
         watcher = (
             None
             if lifelines is None
-            else lifeline.watch(cfg, rdzv_id, ready.local_addr, relay.torchrun_pid, lifelines)
+            else lifeline.watch(
+                cfg,
+                rdzv_id,
+                ready.local_addr,
+                relay.torchrun_pid,
+                lifelines,
+                on_removed=None if recorder is None else _peer_gone(recorder, rdzv_id),
+            )
         )
         try:
             code = supervisor.run()
@@ -445,6 +452,20 @@ def _epochs(
                 job=True,
             )
     return code
+
+
+def _peer_gone(recorder: events.Recorder, rdzv_id: str) -> Callable[[lifeline.Node], None]:
+    """The PeerGone Event of a node this pod took out of the round through its lifeline."""
+
+    def record(node: lifeline.Node) -> None:
+        recorder.record(
+            "PeerGone",
+            f"the torchrun of {node[0]} (pid {node[1]}) is gone (its lifeline closed): "
+            f"took its node out of rendezvous {rdzv_id}",
+            events.WARNING,
+        )
+
+    return record
 
 
 def _closed_early(cfg: config.Config, rdzv_id: str) -> bool:
