@@ -180,3 +180,31 @@ def test_watch_reads_the_round_when_an_attempt_starts_and_reports_a_removal(
         peer.kill()
         peer.wait()
         watcher.stop()
+
+
+def test_a_round_that_cannot_be_read_at_once_is_read_again() -> None:
+    """etcd away for a moment when the round starts: the next poll reads it again."""
+    port = free_port()
+    server = Server("127.0.0.2", port, lambda: 9).start()
+    answers: list[Exception | list[Node]] = [OSError("etcd away"), [("127.0.0.2", 9)]]
+
+    def participants() -> list[Node]:
+        answer = answers.pop(0) if answers else [("127.0.0.2", 9)]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    rounds = iter([True])
+    watcher = Watcher(
+        lambda: ("127.0.0.1", 1),
+        port,
+        participants,
+        lambda _node, _since: False,
+        lambda: next(rounds, False),
+        poll=0.1,
+    ).start()
+    try:
+        wait_until("the lifeline held", lambda: ("127.0.0.2", 9) in watcher._lines, 5)
+    finally:
+        watcher.stop()
+        server.stop()

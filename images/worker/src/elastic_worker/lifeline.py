@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 1.0  # a peer that does not answer within it may be gone or slow: no proof
 POLL = 0.5  # seconds between looks for a new round (the attempt log)
+READ_TRIES = 5  # reads of a new round's participants before waiting for the next round
 
 Node = tuple[str, int]  # torch's node of a torchrun: (address, pid); local_id is 0
 BYE = b"bye\n"  # the only thing a lifeline sends after its greeting
@@ -184,8 +185,6 @@ class Watcher:
         self._sel = selectors.DefaultSelector()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lifeline-watch", daemon=True)
-        #: Nodes this pod took out of a round, in order (for tests and the bench).
-        self.removed: list[Node] = []
 
     def start(self) -> Watcher:
         self._thread.start()
@@ -199,12 +198,17 @@ class Watcher:
         self._sel.close()
 
     def _run(self) -> None:
+        tries = 0  # reads of the new round left (etcd away: a few, then the next round)
         while not self._stop.is_set():
-            try:
-                if self.new_round():
+            if self.new_round():
+                tries = READ_TRIES
+            if tries:
+                tries -= 1
+                try:
                     self._hold(self.participants())
-            except Exception as exc:  # noqa: BLE001 - etcd's and torch's errors: retry later
-                logger.debug("lifelines: could not read the round: %s", exc)
+                    tries = 0
+                except Exception as exc:  # noqa: BLE001 - etcd's and torch's errors
+                    logger.debug("lifelines: could not read the round: %s", exc)
             if not self._lines:
                 self._stop.wait(self.poll)
                 continue
@@ -266,8 +270,7 @@ class Watcher:
             "of the round",
             *line.node,
         )
-        if self.remove(line.node, since):
-            self.removed.append(line.node)
+        self.remove(line.node, since)
 
 
 def serve(config: Config, local_addr: str | None, pid: Callable[[], int | None]) -> Server | None:
