@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from elastic_worker import config, epoch, leave, lifeline, warm
+from elastic_worker import config, epoch, leave
 from testlib import EtcdServer
 from worker_helpers import BACKENDS, ROOT, backend_etcd, worker_env
 
@@ -141,34 +141,6 @@ def test_of_two_survivors_taking_out_one_dead_node_only_one_reports_it(
     for t in threads:
         t.join(30)
     assert sorted(results) == [False, True]
-
-
-def test_the_warm_server_reads_the_round_and_takes_a_node_out_for_the_lifelines(
-    etcd_factory: Callable[..., EtcdServer],
-    monkeypatch: pytest.MonkeyPatch,
-    capfd: pytest.CaptureFixture[str],
-) -> None:
-    """lifeline.py's torch work in a child of the warm server (torch imported there), so
-    that elastic-worker itself never imports torch for its lifelines: the same answers as
-    in-process, with the settings from the entrypoint's environment."""
-    cfg = _config(backend_etcd(etcd_factory, "etcd-v3"), "warm")
-    member, _ = _agent(cfg, "warm")
-    env = worker_env(str(cfg.endpoint), "warm", POD_NAME="w0")
-    env.update(ELASTIC_RDZV_BACKEND="etcd-v3", ELASTIC_MIN_NODES="1", ELASTIC_MAX_NODES="1")
-    env["ELASTIC_RDZV_CONF"] = "last_call_timeout=1,keep_alive_interval=5,keep_alive_max_attempt=12"
-    env["PYTHONPATH"] = str(ROOT / "images" / "worker" / "src")
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)  # the client passes its environment to the child
-    server = warm.start(sys.executable, ["torch"], env)
-    try:
-        participants, take_out = lifeline._warm(server.socket_path, "warm")
-        assert participants() == [("127.0.0.1", member)]
-        assert take_out(("127.0.0.1", member), time.time()) is True
-        assert take_out(("127.0.0.1", member), time.time()) is False  # gone already
-        assert participants() == []
-    finally:
-        server.stop()
-    assert "starting cold" not in capfd.readouterr().err  # the server's children did it
 
 
 def test_without_the_internals_it_says_so_and_the_keep_alive_remains(

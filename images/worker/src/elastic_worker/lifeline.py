@@ -15,8 +15,8 @@ heartbeat is newer than the close (a new torchrun that got the same pid). A conn
 that times out proves nothing (a node that vanished sends no reset): the keep-alive and
 the silent-loss detection (liveness.py) cover that case.
 
-The participants and the removal are torch internals read through leave.py; they run in
-a child of the warm server (torch imported there), or, without one, here (watch()).
+The participants and the removal are torch internals read through leave.py, so torch's
+rendezvous module is imported here (about 0.2 GB of memory in this process).
 """
 
 from __future__ import annotations
@@ -24,14 +24,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import selectors
 import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -297,106 +294,40 @@ def watch(
     pid: Callable[[], int | None],
     attempt_log: Path,
     *,
-    warm_socket: str | None = None,
     on_removed: Callable[[Node], None] | None = None,
 ) -> Watcher:
     """Lifelines to the other nodes of each round of `rdzv_id` while this torchrun runs;
-    `on_removed(node)` after this pod took a node out (an Event).
+    `on_removed(node)` after this pod took a node out (an Event)."""
+    from elastic_worker import epoch, leave  # noqa: PLC0415 - torch, when a round starts
 
-    torch's rendezvous module reads the round and takes a node out. With a warm server
-    (`warm_socket`, torch imported there) both run in a child forked from it (`python -m
-    elastic_worker.lifeline`, 0.1 s of imports), so this process never imports torch: no
-    0.2 GB here, and no 0.75 s of CPU beside the training processes' start (measured: four
-    nodes on two cores trained together 1-1.5 s later when it did). Without one, it is
-    imported here when torchrun starts, so that the lifelines hold from the first round."""
-    addr = local_addr or socket.getfqdn()
-    participants, take_out = (
-        _in_process(config, rdzv_id) if warm_socket is None else _warm(warm_socket, rdzv_id)
-    )
-
-    def own() -> Node | None:
-        p = pid()
-        return None if p is None else (addr, p)
-
-    def remove(node: Node, since: float) -> bool:
-        removed = take_out(node, since)
-        if removed and on_removed is not None:
-            on_removed(node)
-        return removed
-
-    tail = Tail(attempt_log)
-    return Watcher(
-        own, config.lifeline_port, participants, remove, lambda: bool(tail.lines())
-    ).start()
-
-
-Participants = Callable[[], list[Node]]
-TakeOut = Callable[[Node, float], bool]
-
-
-def _in_process(config: Config, rdzv_id: str) -> tuple[Participants, TakeOut]:
-    from elastic_worker import epoch, leave  # noqa: PLC0415 - torch, only without a warm server
-
+    # torch's rendezvous module, imported while torchrun starts and rendezvouses, so that
+    # lifelines are held from the first round's start. Its CPU (0.75 s here) is what the
+    # lifelines cost at bring-up: four nodes on two cores trained together 1-1.5 s later
+    # (docs/recovery.md, Lifelines); nothing on a node with cores to spare.
     leave.preload()
     handler: list[Any] = []
+    addr = local_addr or socket.getfqdn()
 
     def made() -> Any:
         if not handler:
             handler.append(epoch.handler(config, rdzv_id))
         return handler[0]
 
-    return (
+    def own() -> Node | None:
+        p = pid()
+        return None if p is None else (addr, p)
+
+    def remove(node: Node, since: float) -> bool:
+        removed = leave.leave_with(made, rdzv_id, *node, dead_since=since)
+        if removed and on_removed is not None:
+            on_removed(node)
+        return removed
+
+    tail = Tail(attempt_log)
+    return Watcher(
+        own,
+        config.lifeline_port,
         lambda: leave.participants(made()),
-        lambda node, since: leave.leave_with(made, rdzv_id, *node, dead_since=since),
-    )
-
-
-def _warm(socket_path: str, rdzv_id: str) -> tuple[Participants, TakeOut]:
-    def run(*args: str) -> subprocess.CompletedProcess[bytes]:
-        # The warm start client: a small interpreter that has the server fork the child
-        # (or runs it cold when the server is gone), and ends as the child did.
-        argv = [sys.executable, "-m", "elastic_worker.warmstart", socket_path]
-        argv += ["-m", "elastic_worker.lifeline", *args]
-        return subprocess.run(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, timeout=60, check=False
-        )
-
-    def participants() -> list[Node]:
-        done = run("participants", rdzv_id)
-        if done.returncode != 0:
-            raise RuntimeError(f"reading the round failed (exit {done.returncode})")
-        return [(str(a), int(p)) for a, p in json.loads(done.stdout)]
-
-    def take_out(node: Node, since: float) -> bool:
-        return run("remove", rdzv_id, node[0], str(node[1]), repr(since)).returncode == 0
-
-    return participants, take_out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`participants RDZV_ID`: the round's nodes as JSON on stdout. `remove RDZV_ID ADDR PID
-    SINCE`: take that node out (leave.leave_with); exit 0 when this call did, 1 when not.
-    The settings are the entrypoint's environment (a warm child gets it)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.WARNING, format="elastic-worker: %(message)s")
-    logging.getLogger("elastic_worker.leave").setLevel(logging.INFO)
-    from elastic_worker import config, epoch, leave  # noqa: PLC0415
-
-    cfg = config.load(["python", "train.py"], os.environ)
-    if len(args) == 2 and args[0] == "participants":
-        print(json.dumps(leave.participants(epoch.handler(cfg, args[1]))))
-        return 0
-    if len(args) == 5 and args[0] == "remove":
-        _, rdzv_id, addr, pid, since = args
-        made = lambda: epoch.handler(cfg, rdzv_id)  # noqa: E731
-        return 0 if leave.leave_with(made, rdzv_id, addr, int(pid), dead_since=float(since)) else 1
-    print(
-        "usage: python -m elastic_worker.lifeline participants RDZV_ID"
-        " | remove RDZV_ID ADDR PID SINCE",
-        file=sys.stderr,
-    )
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        remove,
+        lambda: bool(tail.lines()),
+    ).start()
