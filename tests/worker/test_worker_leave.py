@@ -13,13 +13,14 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from elastic_worker import config, epoch, leave
-from testlib import EtcdServer
-from worker_helpers import BACKENDS, ROOT, backend_etcd, worker_env
+from elastic_worker import config, epoch, leave, lifeline
+from testlib import EtcdServer, free_port
+from worker_helpers import BACKENDS, ROOT, backend_etcd, wait_until, worker_env
 
 # One agent process, as torchrun makes it: the first handler of its process (local_id 0),
 # node address 127.0.0.1. It joins, prints its pid and exits without a word to the
@@ -41,9 +42,9 @@ AGENT = textwrap.dedent(
 )
 
 
-def _config(etcd: EtcdServer, job: str) -> config.Config:
+def _config(etcd: EtcdServer, job: str, **extra: str) -> config.Config:
     backend = "etcd-v2" if etcd.v2 else "etcd-v3"
-    env = worker_env(etcd.endpoint, job, POD_NAME="w0", ELASTIC_RDZV_BACKEND=backend)
+    env = worker_env(etcd.endpoint, job, POD_NAME="w0", ELASTIC_RDZV_BACKEND=backend, **extra)
     env["ELASTIC_MIN_NODES"] = env["ELASTIC_MAX_NODES"] = "1"
     env["ELASTIC_RDZV_CONF"] = "last_call_timeout=1,keep_alive_interval=5,keep_alive_max_attempt=12"
     return config.load(["python", "train.py"], env)
@@ -141,6 +142,51 @@ def test_of_two_survivors_taking_out_one_dead_node_only_one_reports_it(
     for t in threads:
         t.join(30)
     assert sorted(results) == [False, True]
+
+
+# A peer's elastic-worker: its lifeline greets with its torchrun's pid (argv 3).
+PEER = textwrap.dedent(
+    """
+    import sys, time
+    from elastic_worker.lifeline import Server
+    Server(sys.argv[1], int(sys.argv[2]), lambda: int(sys.argv[3])).start()
+    print("ready", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_the_lifelines_read_the_round_when_an_attempt_starts_and_take_a_dead_node_out(
+    etcd_factory: Callable[..., EtcdServer], tmp_path: Path
+) -> None:
+    """lifeline.watch as elastic-worker runs it, on a real round: nothing is read before
+    the attempt log gets a line; then the node of a peer whose elastic-worker dies is taken
+    out (a 60 s keep-alive would keep it) and reported (main.py's PeerGone Event)."""
+    port = free_port()
+    cfg = _config(backend_etcd(etcd_factory, "etcd-v3"), "lines", ELASTIC_LIFELINE_PORT=str(port))
+    member, _ = _agent(cfg, "lines")  # its node, 127.0.0.1, stays in the complete round
+    peer = subprocess.Popen(
+        [sys.executable, "-c", PEER, "127.0.0.1", str(port), str(member)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert peer.stdout is not None and peer.stdout.readline() == "ready\n"
+    log = tmp_path / "attempts"
+    reported: list[lifeline.Node] = []
+    # This pod: another address, its own torchrun (pid 1 here).
+    watcher = lifeline.watch(cfg, "lines", "127.0.0.5", lambda: 1, log, on_removed=reported.append)
+    try:
+        time.sleep(0.7)
+        assert watcher._lines == {}  # no attempt yet: the round is not read
+        log.write_text("[elastic-worker] attempt run_id=lines restart=0 group_rank=0 nodes=2\n")
+        wait_until("the lifeline held", lambda: ("127.0.0.1", member) in watcher._lines, 20)
+        peer.kill()
+        wait_until("the node taken out", lambda: reported == [("127.0.0.1", member)], 10)
+        assert leave.participants(epoch.handler(cfg, "lines")) == []
+    finally:
+        peer.kill()
+        peer.wait()
+        watcher.stop()
 
 
 def test_without_the_internals_it_says_so_and_the_keep_alive_remains(

@@ -11,13 +11,11 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
-import pytest
-from elastic_worker import config, epoch, leave, lifeline
+from elastic_worker import lifeline
 from elastic_worker.lifeline import Node, Server, Verdict, Watcher
 from testlib import free_port
-from worker_helpers import wait_until, worker_env
+from worker_helpers import wait_until
 
 # A peer's elastic-worker: its lifeline greets with this process's pid, as a torchrun's.
 PEER = textwrap.dedent(
@@ -149,37 +147,6 @@ def test_nodes_on_this_pods_own_address_and_stale_ones_get_no_lifeline() -> None
     finally:
         watcher.stop()
         server.stop()
-
-
-def test_watch_reads_the_round_when_an_attempt_starts_and_reports_a_removal(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """lifeline.watch as elastic-worker runs it: the round is read when the attempt log
-    gets a line, and a node it took out is reported (main.py records a PeerGone Event)."""
-    port = free_port()
-    peer = _peer("127.0.0.2", port)
-    node = ("127.0.0.2", peer.pid)
-    reads: list[int] = []
-    monkeypatch.setattr(leave, "participants", lambda _h: reads.append(1) or [node])
-    monkeypatch.setattr(leave, "leave_with", lambda *_a, **_k: True)
-    monkeypatch.setattr(epoch, "handler", lambda *_a: object())
-    env = worker_env("127.0.0.1:9", "watch", POD_NAME="w0", ELASTIC_LIFELINE_PORT=str(port))
-    cfg = config.load(["python", "train.py"], env)
-    log = tmp_path / "attempts"
-    reported: list[Node] = []
-    watcher = lifeline.watch(cfg, "watch", "127.0.0.1", lambda: 1, log, on_removed=reported.append)
-    try:
-        time.sleep(0.7)
-        assert reads == []  # no attempt yet: no read
-        log.write_text("[elastic-worker] attempt run_id=watch restart=0 group_rank=0 nodes=2\n")
-        wait_until("the lifeline held", lambda: node in watcher._lines, 10)
-        assert reads == [1]
-        peer.kill()
-        wait_until("the removal reported", lambda: reported == [node], 5)
-    finally:
-        peer.kill()
-        peer.wait()
-        watcher.stop()
 
 
 def test_a_round_that_cannot_be_read_at_once_is_read_again() -> None:
