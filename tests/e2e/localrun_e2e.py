@@ -53,6 +53,17 @@ class LocalRun:
     def events(self) -> str:
         return (self.out / "events.log").read_text(errors="replace")
 
+    def timeline(self, *words: str) -> str:
+        """The runner's events (faults, rounds, elastic-worker's lines) and the pods' log
+        lines with any of `words`: what a failed assertion on a mechanism should show."""
+        keep = ("FAULT", "link ", "rendezvous round", "elastic-worker", *words)
+        lines = [ln for ln in self.events().splitlines() if any(w in ln for w in keep)]
+        for pod_dir in sorted((self.out / "logs").iterdir()):
+            for ln in self.log(pod_dir.name).splitlines():
+                if any(w in ln for w in words):
+                    lines.append(f"{pod_dir.name}: {ln}")
+        return "\n".join(lines)
+
     def steps_of(self, pod_name: str) -> list[int]:
         return [int(n) for n in re.findall(r"^\[train\] step=(\d+)", self.log(pod_name), re.M)]
 
