@@ -194,8 +194,8 @@ def test_sigterm_to_one_agent_checkpoints_and_the_others_resume_without_it(
 def test_a_node_stopped_by_sigterm_leaves_the_round_so_the_others_need_not_wait_for_its_keep_alive(
     start_agent: Start, backend: str
 ) -> None:
-    """A spot reclaim: elastic-worker takes its node out of torch's round once torchrun has
-    stopped (leave.py). With a 60 s keep-alive window the others could otherwise re-form
+    """A spot reclaim: elastic-worker takes its node out of torch's round when it passes
+    the SIGTERM on (leave.py). With a 60 s keep-alive window the others could otherwise re-form
     only after about a minute; here they train at two well before."""
     args = ["--steps", "60", "--checkpoint-every", "5", "--step-seconds", "0.25"]
     slow_expiry = {
@@ -218,6 +218,56 @@ def test_a_node_stopped_by_sigterm_leaves_the_round_so_the_others_need_not_wait_
         assert agent.wait(180) == 0, agent.text()[-3000:]
         assert agent.train_lines()[-1] == "[train] done step=60"
     assert rounds(agents) == [3, 2]
+
+
+# A user's script whose stop takes its time (a long checkpoint on SIGTERM).
+SLOW_STOP = """
+import signal, sys, time
+def stop(*_):
+    print("[slow] stopping", flush=True)
+    time.sleep(4)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("[slow] started", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_node_stopped_by_sigterm_leaves_the_round_while_its_workers_still_stop(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """The leave comes at the signal, not once torchrun has exited: the others' next
+    round must not wait for this pod's script to finish its checkpoint."""
+    script = tmp_path / "slow_stop.py"
+    script.write_text(SLOW_STOP)
+    agents = [
+        Agent.start(
+            f"w{i}",
+            ["python", str(script)],
+            worker_env(etcd.endpoint, "leave-early", POD_NAME=f"w{i}"),
+            tmp_path / f"w{i}.log",
+        )
+        for i in range(2)
+    ]
+    try:
+        wait_until(
+            "both scripts started",
+            lambda: all("[slow] started" in a.text() for a in agents),
+            timeout=90,
+        )
+        agents[1].proc.send_signal(signal.SIGTERM)
+        agents[1].wait(40)
+        text = agents[1].text()
+        left = text.find("elastic-worker: left rendezvous leave-early")
+        exited = text.find("elastic-worker: torchrun exited with")
+        assert 0 <= left < exited, text[-3000:]
+        assert text.count("elastic-worker: left rendezvous") == 1, text[-3000:]
+    finally:
+        for agent in agents:
+            agent.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.wait(10)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

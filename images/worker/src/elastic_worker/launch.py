@@ -38,6 +38,7 @@ COMPLETION_WAIT = 15.0  # after a failed torchrun: how long to wait for the mark
 # After a SIGTERM: how long to keep asking etcd, then the API, whether the job completed
 # (at the end both may be going away at once; well inside the pod's grace period).
 STOPPED_ASK = 10.0
+LEAVE_ASK = 2.0  # seconds for the completion read before a leave at the signal
 
 
 def shutdown_timeout(grace_period: int) -> int:
@@ -208,9 +209,9 @@ class Supervisor:
         rendezvous: tuple[str, str | None] | None = None,
     ) -> None:
         self.argv = list(argv)
-        # (rdzv id, --local-addr) of this torchrun: its node leaves the round after a SIGTERM
+        # (rdzv id, --local-addr) of this torchrun: its node leaves the round on a SIGTERM
         self.rendezvous = rendezvous
-        self._leave_preload: threading.Thread | None = None
+        self._leaving: threading.Thread | None = None
         self.env = dict(env)
         self.config = config
         self.client = client
@@ -228,12 +229,30 @@ class Supervisor:
         with self._lock:
             self.signalled = signum
             proc = self.proc
-            if self.rendezvous is not None and self._leave_preload is None:
-                self._leave_preload = leave.preload()
         if proc is not None and proc.poll() is None:
             logger.info("forwarding %s to torchrun (pid %d)", signal.Signals(signum).name, proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signum)
+            self._leave_now(proc.pid)
+
+    def _leave_now(self, pid: int) -> None:
+        """Take this node out of the round while its workers still checkpoint, not after
+        torchrun exits: the survivors, whose workers fail when these exit, then find the
+        round free at their first look instead of waiting a 1 s poll of torch's for this
+        node to go (SIGTERM re-formed 1 s sooner in scripts/bench-recovery). Nothing
+        running depends on the round's state: the workers finish their last step."""
+        if self.rendezvous is None or self._leaving is not None:
+            return
+        rendezvous, client = self.rendezvous, self.client.with_timeout(LEAVE_ASK)
+
+        def run() -> None:
+            with contextlib.suppress(kvstore.EtcdError):
+                if completion.is_complete(client, self.config):
+                    return  # the end of the job: every pod is told to stop, nobody re-forms
+            leave.leave(self.config, *rendezvous, pid=pid)
+
+        self._leaving = threading.Thread(target=run, name="leave", daemon=True)
+        self._leaving.start()
 
     def _stop_torchrun(self) -> None:
         assert self.proc is not None
@@ -302,7 +321,11 @@ class Supervisor:
             logger.info(
                 "torchrun exited with %d after %s", code, signal.Signals(self.signalled).name
             )
+            if self._leaving is not None:
+                self._leaving.join(leave.TIMEOUT)
             if self.rendezvous is not None and self.proc is not None:
+                # Again, once torchrun is gone: a join it had in flight at the signal may
+                # have put the node back (normally not there any more: one read).
                 leave.leave(self.config, *self.rendezvous, pid=self.proc.pid)
             return code
         if seen_complete or completion.wait_complete(
