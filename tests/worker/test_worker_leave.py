@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from elastic_worker import config, epoch, leave, lifeline
+from elastic_worker import config, epoch, leave, lifeline, warm
 from testlib import EtcdServer, free_port
 from worker_helpers import BACKENDS, ROOT, backend_etcd, wait_until, worker_env
 
@@ -187,6 +187,54 @@ def test_the_lifelines_read_the_round_when_an_attempt_starts_and_take_a_dead_nod
         peer.kill()
         peer.wait()
         watcher.stop()
+
+
+def test_the_lifelines_helper_forked_from_the_warm_server_reads_the_round_and_takes_a_node_out(
+    etcd_factory: Callable[..., EtcdServer],
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """lifeline.py's torch work in one helper forked from the warm server (torch imported
+    there) for the whole torchrun, so that elastic-worker never imports torch for its
+    lifelines: the same answers as in-process, with the settings from the entrypoint's
+    environment; one process for every request; a helper that died is started again."""
+    cfg = _config(backend_etcd(etcd_factory, "etcd-v3"), "warm")
+    member, _ = _agent(cfg, "warm")
+    env = worker_env(str(cfg.endpoint), "warm", POD_NAME="w0")
+    env.update(ELASTIC_RDZV_BACKEND="etcd-v3", ELASTIC_MIN_NODES="1", ELASTIC_MAX_NODES="1")
+    env["ELASTIC_RDZV_CONF"] = "last_call_timeout=1,keep_alive_interval=5,keep_alive_max_attempt=12"
+    env["PYTHONPATH"] = str(ROOT / "images" / "worker" / "src")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)  # the client passes its environment to the child
+    server = warm.start(sys.executable, ["torch"], env)
+    helper = lifeline._Helper(server.socket_path, "warm")
+    try:
+        first = helper._proc
+        assert helper.participants() == [("127.0.0.1", member)]
+        assert helper.remove(("127.0.0.1", member), time.time()) is True
+        assert helper.remove(("127.0.0.1", member), time.time()) is False  # gone already
+        assert helper.participants() == []
+        assert helper._proc is first  # one helper for every request
+        assert first is not None
+        first.kill()
+        first.wait(5)
+        assert helper.participants() == []  # a helper that died: the next request starts one
+        assert helper._proc is not first
+        helper._proc.kill()
+        helper._proc.wait(5)
+        monkeypatch.delenv("ELASTIC_JOB_ID")  # a helper that cannot start: said once
+        for _ in range(2):
+            with pytest.raises(ConnectionError):
+                helper.participants()
+    finally:
+        helper.close()
+        server.stop()
+    err = capfd.readouterr().err
+    assert "starting cold" not in err  # the server's children did it
+    assert err.count("the lifelines' helper: ELASTIC_JOB_ID is not set") == 2, err
+    said = [r for r in caplog.records if "the helper that reads the round ended" in r.message]
+    assert len(said) == 1, caplog.text
 
 
 def test_without_the_internals_it_says_so_and_the_keep_alive_remains(

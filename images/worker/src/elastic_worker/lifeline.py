@@ -15,8 +15,11 @@ heartbeat is newer than the close (a new torchrun that got the same pid). A conn
 that times out proves nothing (a node that vanished sends no reset): the keep-alive and
 the silent-loss detection (liveness.py) cover that case.
 
-The participants and the removal are torch internals read through leave.py, so torch's
-rendezvous module is imported here (about 0.2 GB of memory in this process).
+The participants and the removal are torch internals read through leave.py. With a warm
+server (warm.py: torch imported there) they run in one helper process forked from it for
+the whole torchrun (`python -m elastic_worker.lifeline ops`): this process never imports
+torch. Without one, torch's rendezvous module is imported here (about 0.2 GB, 0.75 s of CPU
+beside torchrun's own start: four nodes on two cores trained together 1.1-1.3 s later).
 """
 
 from __future__ import annotations
@@ -24,11 +27,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import select
 import selectors
 import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,10 +181,12 @@ class Watcher:
         new_round: Callable[[], bool],
         *,
         poll: float = POLL,
+        close: Callable[[], None] | None = None,
     ) -> None:
         self.own, self.port = own, port
         self.participants, self.remove, self.new_round = participants, remove, new_round
         self.poll = poll
+        self._close = close  # at stop(): what participants() and remove() hold
         self._lines: dict[Node, _Line] = {}
         self._sel = selectors.DefaultSelector()
         self._stop = threading.Event()
@@ -193,6 +202,8 @@ class Watcher:
         for line in list(self._lines.values()):
             self._drop(line)
         self._sel.close()
+        if self._close is not None:
+            self._close()
 
     def _run(self) -> None:
         tries = 0  # reads of the new round left (etcd away: a few, then the next round)
@@ -294,31 +305,23 @@ def watch(
     pid: Callable[[], int | None],
     attempt_log: Path,
     *,
+    warm_socket: str | None = None,
     on_removed: Callable[[Node], None] | None = None,
 ) -> Watcher:
     """Lifelines to the other nodes of each round of `rdzv_id` while this torchrun runs;
-    `on_removed(node)` after this pod took a node out (an Event)."""
-    from elastic_worker import epoch, leave  # noqa: PLC0415 - torch, when a round starts
-
-    # torch's rendezvous module, imported while torchrun starts and rendezvouses, so that
-    # lifelines are held from the first round's start. Its CPU (0.75 s here) is what the
-    # lifelines cost at bring-up: four nodes on two cores trained together 1-1.5 s later
-    # (docs/recovery.md, Lifelines); nothing on a node with cores to spare.
-    leave.preload()
-    handler: list[Any] = []
+    `on_removed(node)` after this pod took a node out (an Event). With `warm_socket` (the
+    warm server's), the round is read and a node taken out in a helper forked from it."""
+    ops: _Ops = (
+        _InProcess(config, rdzv_id) if warm_socket is None else _Helper(warm_socket, rdzv_id)
+    )
     addr = local_addr or socket.getfqdn()
-
-    def made() -> Any:
-        if not handler:
-            handler.append(epoch.handler(config, rdzv_id))
-        return handler[0]
 
     def own() -> Node | None:
         p = pid()
         return None if p is None else (addr, p)
 
     def remove(node: Node, since: float) -> bool:
-        removed = leave.leave_with(made, rdzv_id, *node, dead_since=since)
+        removed = ops.remove(node, since)
         if removed and on_removed is not None:
             on_removed(node)
         return removed
@@ -327,7 +330,170 @@ def watch(
     return Watcher(
         own,
         config.lifeline_port,
-        lambda: leave.participants(made()),
+        ops.participants,
         remove,
         lambda: bool(tail.lines()),
+        close=ops.close,
     ).start()
+
+
+class _Ops:
+    """Reads the round's participants and takes a node out of it."""
+
+    def participants(self) -> list[Node]:
+        raise NotImplementedError
+
+    def remove(self, node: Node, since: float) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class _InProcess(_Ops):
+    """Both here, with torch's rendezvous module imported in this process while torchrun
+    starts, so that the lifelines hold from the first round's start."""
+
+    def __init__(self, config: Config, rdzv_id: str) -> None:
+        from elastic_worker import epoch, leave  # noqa: PLC0415 - torch, only without a warm server
+
+        leave.preload()
+        self._leave, self._epoch = leave, epoch
+        self._config, self._rdzv_id = config, rdzv_id
+        self._handler: list[Any] = []
+
+    def _made(self) -> Any:
+        if not self._handler:
+            self._handler.append(self._epoch.handler(self._config, self._rdzv_id))
+        return self._handler[0]
+
+    def participants(self) -> list[Node]:
+        return self._leave.participants(self._made())
+
+    def remove(self, node: Node, since: float) -> bool:
+        return bool(self._leave.leave_with(self._made, self._rdzv_id, *node, dead_since=since))
+
+
+HELPER_TIMEOUT = 15.0  # seconds for one answer: a removal retries for up to leave.TIMEOUT
+
+
+class _Helper(_Ops):
+    """Both in one process forked from the warm server (torch imported there) through the
+    warm start client, for as long as this torchrun runs: a line in, a JSON line out
+    (main() below). It is started at once, so that it has imported torch's rendezvous
+    module (0.1 s) before the first round; one that died is started again at the next
+    request."""
+
+    def __init__(self, socket_path: str, rdzv_id: str) -> None:
+        self._argv = [sys.executable, "-m", "elastic_worker.warmstart", socket_path]
+        self._argv += ["-m", "elastic_worker.lifeline", "ops", rdzv_id]
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._said = False
+        with self._lock:
+            self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        self._proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        return self._proc
+
+    def _ask(self, request: str) -> dict[str, Any]:
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                proc = self._start()
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                proc.stdin.write(request.encode() + b"\n")
+                proc.stdin.flush()
+                readable, _, _ = select.select([proc.stdout], [], [], HELPER_TIMEOUT)
+                line = proc.stdout.readline() if readable else b""
+            except OSError:
+                line = b""
+            if not line:
+                ended = proc.poll()
+                self._end(proc)
+                if ended is not None and not self._said:
+                    self._said = True  # once: each round asks again, and says it on stderr
+                    logger.warning(
+                        "lifelines: the helper that reads the round ended (exit %d): "
+                        "a lost peer may leave the round only when its keep-alive lapses",
+                        ended,
+                    )
+                raise ConnectionError(f"the lifelines' helper did not answer {request!r}")
+        reply: dict[str, Any] = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        return reply
+
+    def participants(self) -> list[Node]:
+        return [(str(a), int(p)) for a, p in self._ask("participants")["nodes"]]
+
+    def remove(self, node: Node, since: float) -> bool:
+        return bool(self._ask(f"remove {node[0]} {node[1]} {since!r}")["removed"])
+
+    def _end(self, proc: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+        self._proc = None
+
+    def close(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.close()  # the helper ends at the end of its input
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self._end(proc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`ops RDZV_ID`: the lifelines' helper (_Helper). Reads `participants` (answers
+    {"nodes": [[addr, pid], ...]}) and `remove ADDR PID SINCE` (answers {"removed": bool},
+    leave.leave_with with `dead_since` SINCE) until its input ends; {"error": ...} when one
+    fails. Its settings are elastic-worker's environment (a warm child gets it)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or args[0] != "ops":
+        print("usage: python -m elastic_worker.lifeline ops RDZV_ID", file=sys.stderr)
+        return 2
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("elastic-worker: %(message)s"))
+    own = logging.getLogger("elastic_worker")
+    own.handlers[:], own.propagate = [handler], False
+    own.setLevel(logging.WARNING)
+    logging.getLogger("elastic_worker.leave").setLevel(logging.INFO)  # "took ... out"
+    from elastic_worker import config  # noqa: PLC0415
+
+    try:
+        cfg = config.load(["python", "train.py"], os.environ)
+    except config.ConfigError as exc:  # elastic-worker itself started with these: not here
+        print(f"elastic-worker: the lifelines' helper: {exc}", file=sys.stderr)
+        return 2
+    ops = _InProcess(cfg, args[1])
+    with contextlib.suppress(Exception):  # torch's handler before the first round: not needed yet
+        ops.participants()
+    for line in sys.stdin:
+        words = line.split()
+        reply: dict[str, Any]
+        try:
+            if words == ["participants"]:
+                reply = {"nodes": ops.participants()}
+            elif len(words) == 4 and words[0] == "remove":
+                node = (words[1], int(words[2]))
+                reply = {"removed": ops.remove(node, float(words[3]))}
+            else:
+                reply = {"error": f"unknown request {line.strip()!r}"}
+        except Exception as exc:  # noqa: BLE001 - etcd's and torch's errors: said, not fatal
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(reply), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -424,6 +424,7 @@ def _epochs(
                 ready.local_addr,
                 relay.torchrun_pid,
                 lifelines,
+                warm_socket=warm_socket,
                 on_removed=None if recorder is None else _peer_gone(recorder, rdzv_id),
             )
         )
