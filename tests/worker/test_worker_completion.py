@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,44 @@ def test_a_pod_stopped_in_the_gate_exits_0_only_when_the_job_is_complete(
         assert f"job {job} is complete, so exit 0 (not 143)" in agent.text()
     else:
         assert code == 143, agent.text()
+
+
+def test_a_sigterm_takes_the_node_out_at_once_through_the_helper_else_here(
+    etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the signal (before torchrun has exited) the node leaves through `leave_via` (the
+    lifelines' helper, torch imported there); when that fails, with leave.leave here. Not
+    at all when the job is complete: every pod is told to stop then, nobody re-forms."""
+    cfg = make_config(etcd, "leave-at-signal")
+    client = etcdv2.Client(etcd.url)
+    here: list[int] = []
+    monkeypatch.setattr(launch.leave, "leave", lambda _cfg, _id, _addr, pid: here.append(pid))
+
+    def run(via: Callable[[int], bool]) -> tuple[launch.Supervisor, float]:
+        sup = launch.Supervisor(
+            sleeper(3), {}, cfg, client, rendezvous=("leave-at-signal", "127.0.0.1")
+        )
+        sup.leave_via = via
+        threading.Timer(0.5, sup.forward, (signal.SIGTERM,)).start()
+        start = time.monotonic()
+        sup.run()
+        return sup, start
+
+    asked: list[tuple[int, float]] = []
+    sup, start = run(lambda pid: asked.append((pid, time.monotonic())) or True)
+    assert sup.proc is not None
+    # at the signal, well before the sleeper's end (3 s); once more after torchrun's exit
+    assert [pid for pid, _ in asked] == [sup.proc.pid] * 2
+    assert asked[0][1] - start < 1.5
+    assert here == []
+
+    def broken(pid: int) -> bool:
+        raise ConnectionError("the lifelines' helper did not answer")
+
+    sup, _ = run(broken)
+    assert sup.proc is not None and here == [sup.proc.pid] * 2
+
+    completion.mark_complete(client, cfg)
+    asked.clear()
+    sup, _ = run(lambda pid: asked.append((pid, time.monotonic())) or True)
+    assert asked == []  # complete: no leave at the signal, nor after (exit 0)

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from elastic_worker import completion, exits, kvstore, leave, warm
 from elastic_worker.config import Config
@@ -212,6 +212,9 @@ class Supervisor:
         # (rdzv id, --local-addr) of this torchrun: its node leaves the round on a SIGTERM
         self.rendezvous = rendezvous
         self._leaving: threading.Thread | None = None
+        # Takes this node out given torchrun's pid, where torch is imported already (the
+        # lifelines' helper: main.py sets it); else leave.leave here, importing torch.
+        self.leave_via: Callable[[int], bool] | None = None
         self.env = dict(env)
         self.config = config
         self.client = client
@@ -249,10 +252,20 @@ class Supervisor:
             with contextlib.suppress(kvstore.EtcdError):
                 if completion.is_complete(client, self.config):
                     return  # the end of the job: every pod is told to stop, nobody re-forms
-            leave.leave(self.config, *rendezvous, pid=pid)
+            self._leave(rendezvous, pid)
 
         self._leaving = threading.Thread(target=run, name="leave", daemon=True)
         self._leaving.start()
+
+    def _leave(self, rendezvous: tuple[str, str | None], pid: int) -> None:
+        via = self.leave_via
+        if via is not None:
+            try:
+                via(pid)
+                return
+            except (OSError, RuntimeError, ValueError) as exc:  # the helper: here instead
+                logger.debug("leaving through the lifelines' helper failed: %s", exc)
+        leave.leave(self.config, *rendezvous, pid=pid)
 
     def _stop_torchrun(self) -> None:
         assert self.proc is not None
@@ -326,7 +339,7 @@ class Supervisor:
             if self.rendezvous is not None and self.proc is not None:
                 # Again, once torchrun is gone: a join it had in flight at the signal may
                 # have put the node back (normally not there any more: one read).
-                leave.leave(self.config, *self.rendezvous, pid=self.proc.pid)
+                self._leave(self.rendezvous, self.proc.pid)
             return code
         if seen_complete or completion.wait_complete(
             self.client, self.config, self.completion_wait

@@ -187,6 +187,9 @@ class Watcher:
         self.participants, self.remove, self.new_round = participants, remove, new_round
         self.poll = poll
         self._close = close  # at stop(): what participants() and remove() hold
+        # This pod's own node out of the round (its torchrun's pid), the way this watcher
+        # reads the round (lifeline.watch sets it): a SIGTERMed pod's leave (launch.py).
+        self.leave: Callable[[int], bool] | None = None
         self._lines: dict[Node, _Line] = {}
         self._sel = selectors.DefaultSelector()
         self._stop = threading.Event()
@@ -327,14 +330,16 @@ def watch(
         return removed
 
     tail = Tail(attempt_log)
-    return Watcher(
+    watcher = Watcher(
         own,
         config.lifeline_port,
         ops.participants,
         remove,
         lambda: bool(tail.lines()),
         close=ops.close,
-    ).start()
+    )
+    watcher.leave = lambda own_pid: ops.leave((addr, own_pid))
+    return watcher.start()
 
 
 class _Ops:
@@ -344,6 +349,11 @@ class _Ops:
         raise NotImplementedError
 
     def remove(self, node: Node, since: float) -> bool:
+        """Take another pod's node out, dead since `since` (leave.leave_with's guard)."""
+        raise NotImplementedError
+
+    def leave(self, node: Node) -> bool:
+        """Take this pod's own node out (a SIGTERM)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -372,6 +382,9 @@ class _InProcess(_Ops):
 
     def remove(self, node: Node, since: float) -> bool:
         return bool(self._leave.leave_with(self._made, self._rdzv_id, *node, dead_since=since))
+
+    def leave(self, node: Node) -> bool:
+        return bool(self._leave.leave_with(self._made, self._rdzv_id, *node))
 
 
 HELPER_TIMEOUT = 15.0  # seconds for one answer: a removal retries for up to leave.TIMEOUT
@@ -432,6 +445,9 @@ class _Helper(_Ops):
     def remove(self, node: Node, since: float) -> bool:
         return bool(self._ask(f"remove {node[0]} {node[1]} {since!r}")["removed"])
 
+    def leave(self, node: Node) -> bool:
+        return bool(self._ask(f"leave {node[0]} {node[1]}")["removed"])
+
     def _end(self, proc: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(OSError):
             proc.kill()
@@ -455,9 +471,10 @@ class _Helper(_Ops):
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`ops RDZV_ID`: the lifelines' helper (_Helper). Reads `participants` (answers
-    {"nodes": [[addr, pid], ...]}) and `remove ADDR PID SINCE` (answers {"removed": bool},
-    leave.leave_with with `dead_since` SINCE) until its input ends; {"error": ...} when one
-    fails. Its settings are elastic-worker's environment (a warm child gets it)."""
+    {"nodes": [[addr, pid], ...]}), `remove ADDR PID SINCE` (answers {"removed": bool},
+    leave.leave_with with `dead_since` SINCE) and `leave ADDR PID` (the same, this pod's own
+    node) until its input ends; {"error": ...} when one fails. Its settings are
+    elastic-worker's environment (a warm child gets it)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0] != "ops":
         print("usage: python -m elastic_worker.lifeline ops RDZV_ID", file=sys.stderr)
@@ -487,6 +504,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif len(words) == 4 and words[0] == "remove":
                 node = (words[1], int(words[2]))
                 reply = {"removed": ops.remove(node, float(words[3]))}
+            elif len(words) == 3 and words[0] == "leave":
+                reply = {"removed": ops.leave((words[1], int(words[2])))}
             else:
                 reply = {"error": f"unknown request {line.strip()!r}"}
         except Exception as exc:  # noqa: BLE001 - etcd's and torch's errors: said, not fatal

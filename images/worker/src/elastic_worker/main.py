@@ -428,6 +428,8 @@ def _epochs(
                 on_removed=None if recorder is None else _peer_gone(recorder, rdzv_id),
             )
         )
+        if watcher is not None:
+            supervisor.leave_via = watcher.leave  # torch is imported there
         try:
             code = supervisor.run()
         finally:
