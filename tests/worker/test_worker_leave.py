@@ -193,7 +193,6 @@ def test_the_lifelines_helper_forked_from_the_warm_server_reads_the_round_and_ta
     etcd_factory: Callable[..., EtcdServer],
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """lifeline.py's torch work in one helper forked from the warm server (torch imported
     there) for the whole torchrun, so that elastic-worker never imports torch for its
@@ -207,6 +206,12 @@ def test_the_lifelines_helper_forked_from_the_warm_server_reads_the_round_and_ta
     env["PYTHONPATH"] = str(ROOT / "images" / "worker" / "src")
     for name, value in env.items():
         monkeypatch.setenv(name, value)  # the client passes its environment to the child
+    # Its own handler: caplog listens at the root, where an earlier test's
+    # main.setup_logging() (propagate off) may keep the record from arriving.
+    said: list[logging.LogRecord] = []
+    listener = logging.Handler(logging.WARNING)
+    listener.emit = said.append  # type: ignore[method-assign]
+    logging.getLogger("elastic_worker.lifeline").addHandler(listener)
     server = warm.start(sys.executable, ["torch"], env)
     helper = lifeline._Helper(server.socket_path, "warm")
     try:
@@ -228,13 +233,14 @@ def test_the_lifelines_helper_forked_from_the_warm_server_reads_the_round_and_ta
             with pytest.raises(ConnectionError):
                 helper.participants()
     finally:
+        logging.getLogger("elastic_worker.lifeline").removeHandler(listener)
         helper.close()
         server.stop()
     err = capfd.readouterr().err
     assert "starting cold" not in err  # the server's children did it
     assert err.count("the lifelines' helper: ELASTIC_JOB_ID is not set") == 2, err
-    said = [r for r in caplog.records if "the helper that reads the round ended" in r.message]
-    assert len(said) == 1, caplog.text
+    ended = [r for r in said if "the helper that reads the round ended" in r.getMessage()]
+    assert len(ended) == 1, [r.getMessage() for r in said]
 
 
 def test_without_the_internals_it_says_so_and_the_keep_alive_remains(

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import select
 import selectors
 import socket
@@ -424,7 +423,10 @@ class _Helper(_Ops):
             except OSError:
                 line = b""
             if not line:
-                ended = proc.poll()
+                try:  # its output closed: the client ends as the helper did, a moment later
+                    ended: int | None = proc.wait(1)
+                except subprocess.TimeoutExpired:
+                    ended = None  # alive but mute: a timeout
                 self._end(proc)
                 if ended is not None and not self._said:
                     self._said = True  # once: each round asks again, and says it on stderr
@@ -488,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from elastic_worker import config  # noqa: PLC0415
 
     try:
-        cfg = config.load(["python", "train.py"], os.environ)
+        cfg = config.load(["python", "train.py"])  # elastic-worker's environment
     except config.ConfigError as exc:  # elastic-worker itself started with these: not here
         print(f"elastic-worker: the lifelines' helper: {exc}", file=sys.stderr)
         return 2
