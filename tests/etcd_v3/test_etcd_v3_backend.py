@@ -15,6 +15,7 @@ from testlib import EtcdServer
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 from torch_etcd_v3 import backend as backend_module
+from torch_etcd_v3 import config
 from torch_etcd_v3.backend import EtcdV3RendezvousBackend
 
 
@@ -78,12 +79,13 @@ def test_a_lost_write_backs_off_doubling_up_to_half_a_second_and_a_won_one_reset
     etcd3: EtcdServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After each lost compare-and-set in a row the agent waits longer (at random, up to
-    10 ms x 2^n, never above BACKOFF_MAX_S: a heartbeat must still land within 1 s x 3),
-    then gets the state as the winner left it; a won write waits for nothing."""
+    10 ms x 2^n in a job of up to 32 nodes, never above 0.5 s there: a heartbeat must
+    still land within 1 s x 3), then gets the state as the winner left it; a won write
+    waits for nothing."""
     waits: list[float] = []
     monkeypatch.setattr(backend_module, "random", SimpleNamespace(uniform=lambda lo, hi: hi))
     monkeypatch.setattr(backend_module, "time", SimpleNamespace(sleep=waits.append))
-    backend = connect(etcd3.endpoint)[0]
+    backend = connect(etcd3.endpoint, keep_alive_interval="1")[0]
     first = backend.set_state(b"a")
     assert first is not None and first[2]
     second = backend.set_state(b"b", first[1])
@@ -96,7 +98,29 @@ def test_a_lost_write_backs_off_doubling_up_to_half_a_second_and_a_won_one_reset
     assert won is not None and won[2]
     assert backend.set_state(b"stale", first[1]) == (b"c", won[1], False)
     assert waits == [0.02]  # the win reset the count
-    assert backend_module.BACKOFF_MAX_S < 1.0
+
+
+@pytest.mark.parametrize(
+    ("max_nodes", "interval", "first", "most"),
+    [
+        (3, None, 0.01, 0.625),  # torch's keep-alive interval: 5 s
+        (32, "1", 0.01, 0.5),
+        (33, "2", 0.02, 0.5),
+        (128, "4", 0.04, 0.5),
+        (256, "8", 0.08, 1.0),
+    ],
+)
+def test_the_backoff_grows_with_the_job_and_a_heartbeat_still_lands_in_its_window(
+    max_nodes: int, interval: str | None, first: float, most: float
+) -> None:
+    """The more nodes may join together, the longer the first wait (10 ms per 32); the
+    longest stays within half the keep-alive interval, so a joined agent's heartbeat that
+    loses a race still lands within interval x attempts and nobody is evicted."""
+    conf = {} if interval is None else {"keep_alive_interval": interval}
+    params = RendezvousParameters("etcd-v3", "127.0.0.1:2379", "job", 1, max_nodes, **conf)
+    backoff = config.load(params).backoff
+    assert (backoff.first, backoff.most) == (pytest.approx(first), pytest.approx(most))
+    assert backoff.most <= int(interval or config.TORCH_KEEP_ALIVE_INTERVAL) / 2
 
 
 def test_stale_or_foreign_token_does_not_write(etcd3: EtcdServer) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from torch.distributed.elastic.rendezvous.api import RendezvousParameters
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
+from .backend import Backoff
 from .client import ClientSettings
 
 #: The --rdzv-conf keys this handler reads (load() below).
@@ -49,6 +50,8 @@ DEFAULT_PORT = 2379
 DEFAULT_KEY_PREFIX = "/torch/elastic"
 DEFAULT_LEASE_TTL = 60
 DEFAULT_READ_TIMEOUT = 60
+#: torch's dynamic rendezvous's, when --rdzv-conf sets none (its create_handler).
+TORCH_KEEP_ALIVE_INTERVAL = 5
 
 
 class ConfigError(ValueError):
@@ -61,6 +64,7 @@ class Config:
     run_id: str
     key_prefix: str
     lease_ttl: int
+    backoff: Backoff
 
     @property
     def state_key(self) -> bytes:
@@ -189,4 +193,8 @@ def load(params: RendezvousParameters) -> Config:
         run_id=params.run_id,
         key_prefix=key_prefix,
         lease_ttl=_positive_int(params, "lease_ttl", DEFAULT_LEASE_TTL),
+        backoff=Backoff.for_job(
+            params.max_nodes,
+            params.get_as_int("keep_alive_interval") or TORCH_KEEP_ALIVE_INTERVAL,
+        ),
     )

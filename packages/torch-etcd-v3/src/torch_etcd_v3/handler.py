@@ -19,7 +19,7 @@ def create_backend(params: RendezvousParameters) -> tuple[EtcdV3RendezvousBacken
     cfg = config.load(params)
     client = EtcdClient(cfg.client)
     lease = AgentLease(client, cfg.lease_ttl)
-    backend = EtcdV3RendezvousBackend(client, cfg.state_key, lease)
+    backend = EtcdV3RendezvousBackend(client, cfg.state_key, lease, cfg.backoff)
     store = EtcdV3Store(client, cfg.store_prefix, lease)
     return backend, store
 
