@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from elastic_worker import completion, config, etcdv2, kvstore, launch
+from elastic_worker import completion, config, etcdv2, kvstore, launch, lifeline
 from testlib import EtcdServer, free_port
 from worker_helpers import TRAIN, Agent, wait_until, worker_env
 
@@ -286,7 +286,7 @@ def test_a_sigterm_takes_the_node_out_at_once_through_the_helper_else_here(
     assert here == []
 
     def broken(pid: int) -> bool:
-        raise ConnectionError("the lifelines' helper did not answer")
+        raise lifeline.HelperError("the lifelines' helper did not answer")
 
     sup, _ = run(broken)
     assert sup.proc is not None and here == [sup.proc.pid] * 2

@@ -230,7 +230,7 @@ def test_the_lifelines_helper_forked_from_the_warm_server_reads_the_round_and_ta
         helper._proc.wait(5)
         monkeypatch.delenv("ELASTIC_JOB_ID")  # a helper that cannot start: said once
         for _ in range(2):
-            with pytest.raises(ConnectionError):
+            with pytest.raises(lifeline.HelperError):
                 helper.participants()
     finally:
         logging.getLogger("elastic_worker.lifeline").removeHandler(listener)

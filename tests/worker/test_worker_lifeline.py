@@ -12,6 +12,7 @@ import textwrap
 import threading
 import time
 
+import pytest
 from elastic_worker import lifeline
 from elastic_worker.lifeline import Node, Server, Verdict, Watcher
 from testlib import free_port
@@ -86,6 +87,45 @@ def test_a_peer_whose_processes_die_is_taken_out_within_a_second() -> None:
     finally:
         peer.kill()
         peer.wait()
+        watcher.stop()
+
+
+def test_a_removal_that_fails_is_said_and_the_other_lifelines_still_hold(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The helper died or etcd is away while a node is taken out: that node waits for its
+    keep-alive, and the watcher goes on (a raise there used to end its thread)."""
+    port = free_port()
+    peers = [_peer("127.0.0.2", port), _peer("127.0.0.3", port)]
+    nodes = [("127.0.0.1", 1), *((f"127.0.0.{i + 2}", p.pid) for i, p in enumerate(peers))]
+    removed: list[Node] = []
+
+    def remove(node: Node, since: float) -> bool:
+        if node[0] == "127.0.0.2":
+            raise lifeline.HelperError("the lifelines' helper did not answer")
+        removed.append(node)
+        return True
+
+    rounds = iter([True])
+    watcher = Watcher(
+        lambda: ("127.0.0.1", 1),
+        port,
+        lambda: nodes,
+        remove,
+        lambda: next(rounds, False),
+        poll=0.1,
+    ).start()
+    try:
+        wait_until("the lifelines held", lambda: len(watcher._lines) == 2, 10)
+        peers[0].kill()
+        wait_until("the failure said", lambda: "could not take" in caplog.text, 5)
+        peers[1].kill()
+        wait_until("the other node taken out", lambda: removed == [nodes[2]], 5)
+        assert watcher._thread.is_alive()
+    finally:
+        for peer in peers:
+            peer.kill()
+            peer.wait()
         watcher.stop()
 
 

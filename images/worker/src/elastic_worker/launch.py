@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from elastic_worker import completion, exits, kvstore, leave, warm
+from elastic_worker import completion, exits, kvstore, leave, lifeline, warm
 from elastic_worker.config import Config
 from elastic_worker.netif import Choice
 
@@ -263,7 +263,7 @@ class Supervisor:
             try:
                 via(pid)
                 return
-            except (OSError, RuntimeError, ValueError) as exc:  # the helper: here instead
+            except lifeline.HelperError as exc:  # here instead
                 logger.debug("leaving through the lifelines' helper failed: %s", exc)
         leave.leave(self.config, *rendezvous, pid=pid)
 

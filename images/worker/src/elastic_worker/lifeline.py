@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from elastic_worker.attempt import Tail
 from elastic_worker.config import Config
@@ -181,14 +181,15 @@ class Watcher:
         *,
         poll: float = POLL,
         close: Callable[[], None] | None = None,
+        leave: Callable[[int], bool] | None = None,
     ) -> None:
         self.own, self.port = own, port
         self.participants, self.remove, self.new_round = participants, remove, new_round
         self.poll = poll
         self._close = close  # at stop(): what participants() and remove() hold
         # This pod's own node out of the round (its torchrun's pid), the way this watcher
-        # reads the round (lifeline.watch sets it): a SIGTERMed pod's leave (launch.py).
-        self.leave: Callable[[int], bool] | None = None
+        # reads the round: a SIGTERMed pod's leave (launch.py).
+        self.leave = leave
         self._lines: dict[Node, _Line] = {}
         self._sel = selectors.DefaultSelector()
         self._stop = threading.Event()
@@ -280,7 +281,10 @@ class Watcher:
             "of the round",
             *line.node,
         )
-        self.remove(line.node, since)
+        try:
+            self.remove(line.node, since)
+        except Exception as exc:  # noqa: BLE001 - the helper's, etcd's, torch's: the keep-alive remains
+            logger.warning("lifelines: could not take %s:%d out of the round: %s", *line.node, exc)
 
 
 def serve(config: Config, local_addr: str | None, pid: Callable[[], int | None]) -> Server | None:
@@ -336,30 +340,28 @@ def watch(
         remove,
         lambda: bool(tail.lines()),
         close=ops.close,
+        leave=lambda own_pid: ops.leave((addr, own_pid)),
     )
-    watcher.leave = lambda own_pid: ops.leave((addr, own_pid))
     return watcher.start()
 
 
-class _Ops:
+class _Ops(Protocol):
     """Reads the round's participants and takes a node out of it."""
 
-    def participants(self) -> list[Node]:
-        raise NotImplementedError
+    def participants(self) -> list[Node]: ...
 
     def remove(self, node: Node, since: float) -> bool:
         """Take another pod's node out, dead since `since` (leave.leave_with's guard)."""
-        raise NotImplementedError
+        ...
 
     def leave(self, node: Node) -> bool:
         """Take this pod's own node out (a SIGTERM)."""
-        raise NotImplementedError
+        ...
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None: ...
 
 
-class _InProcess(_Ops):
+class _InProcess:
     """Both here, with torch's rendezvous module imported in this process while torchrun
     starts, so that the lifelines hold from the first round's start."""
 
@@ -385,11 +387,18 @@ class _InProcess(_Ops):
     def leave(self, node: Node) -> bool:
         return bool(self._leave.leave_with(self._made, self._rdzv_id, *node))
 
+    def close(self) -> None:
+        """Nothing to release: torch's handler lives as long as this process."""
+
 
 HELPER_TIMEOUT = 15.0  # seconds for one answer: a removal retries for up to leave.TIMEOUT
 
 
-class _Helper(_Ops):
+class HelperError(RuntimeError):
+    """The lifelines' helper did not answer, or answered with an error."""
+
+
+class _Helper:
     """Both in one process forked from the warm server (torch imported there) through the
     warm start client, for as long as this torchrun runs: a line in, a JSON line out
     (main() below). It is started at once, so that it has imported torch's rendezvous
@@ -435,10 +444,13 @@ class _Helper(_Ops):
                         "a lost peer may leave the round only when its keep-alive lapses",
                         ended,
                     )
-                raise ConnectionError(f"the lifelines' helper did not answer {request!r}")
-        reply: dict[str, Any] = json.loads(line)
+                raise HelperError(f"the lifelines' helper did not answer {request!r}")
+        try:
+            reply: dict[str, Any] = json.loads(line)
+        except ValueError as exc:
+            raise HelperError(f"the lifelines' helper answered {line!r}") from exc
         if "error" in reply:
-            raise RuntimeError(reply["error"])
+            raise HelperError(reply["error"])
         return reply
 
     def participants(self) -> list[Node]:
