@@ -245,9 +245,13 @@ def test_nodes_processes_restarts_and_monitor_interval() -> None:
 
 
 def test_warm_start_settings_reach_the_worker() -> None:
-    """job.warmStart: on by default with torch preloaded; off and the preload list as set."""
+    """job.warmStart: on by default with torch and its distributed stack preloaded; off and
+    the preload list as set."""
     default = worker_env()
-    assert (default["ELASTIC_WARM_START"], default["ELASTIC_WARM_PRELOAD"]) == ("true", "torch")
+    assert default["ELASTIC_WARM_START"] == "true"
+    assert default["ELASTIC_WARM_PRELOAD"] == (
+        "torch,torch.distributed.checkpoint,torch.distributed.fsdp"
+    )
     env = worker_env(
         sets=["job.warmStart.enabled=false"],
         extra=["--set-json", 'job.warmStart.preload=["torch","torchvision.models"]'],

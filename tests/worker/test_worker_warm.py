@@ -90,6 +90,26 @@ def test_it_is_a_fork_of_the_server_with_torch_already_imported(
     assert result.stdout.split() == [str(server.proc.pid), "True", "True"], result.stderr
 
 
+def test_a_preload_module_that_cannot_be_imported_is_said_and_the_rest_still_serve(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The default list names torch's distributed modules, which an older torch may lack:
+    such a module is skipped with a warning, and the server still forks, warm."""
+    (tmp_path / "breaks_at_import.py").write_text("raise RuntimeError('no GPU here')\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    handle = warm.start(str(PYTHON), ["torch", "no_such_module", "breaks_at_import"], env)
+    try:
+        result = run(handle, tmp_path, "import sys; print('torch' in sys.modules)")
+        assert (result.returncode, result.stdout) == (0, "True\n"), result.stderr
+        assert "starting cold" not in result.stderr
+    finally:
+        handle.stop()
+    err = capfd.readouterr().err
+    assert "cannot import no_such_module (No module named 'no_such_module')" in err
+    assert "cannot import breaks_at_import (no GPU here)" in err
+    assert "warm server ready: torch imported" in err
+
+
 def test_an_uncaught_exception_prints_the_scripts_traceback_and_exits_1(
     server: warm.Handle, tmp_path: Path
 ) -> None:

@@ -204,10 +204,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ELASTIC_WARM_PRELOAD",
         Kind.NAMES,
-        "torch",
+        "torch,torch.distributed.checkpoint,torch.distributed.fsdp",
         Source.VALUE,
         "job.warmStart.preload",
-        "modules the warm server imports before it forks (none may initialise CUDA)",
+        "modules the warm server imports before it forks (none may initialise CUDA; one "
+        "that fails to import is said and left to the training process)",
     ),
     Setting(
         "ELASTIC_GATE_TIMEOUT",

@@ -111,9 +111,17 @@ class Server:
         self.selector = selectors.DefaultSelector()
 
     def preload(self, modules: Sequence[str]) -> None:
+        done = []
         for name in modules:
-            __import__(name)
-        logger.info("warm server ready: %s imported", ", ".join(modules) or "nothing")
+            try:
+                __import__(name)
+            except Exception as exc:  # noqa: BLE001 - an import's own error, whatever it is
+                # Not fatal: the default lists torch's distributed modules, which an older
+                # torch may lack; the training process imports what it needs itself.
+                logger.warning("cannot import %s (%s): left to the training processes", name, exc)
+            else:
+                done.append(name)
+        logger.info("warm server ready: %s imported", ", ".join(done) or "nothing")
 
     def serve(self) -> None:
         """Until SIGTERM: fork a child per request, report how each ends."""
