@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
+import os
 import threading
 import time
 import urllib.request
@@ -15,7 +17,9 @@ from testlib import EtcdServer
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 from torch_etcd_v3 import backend as backend_module
+from torch_etcd_v3 import backoff as backoff_module
 from torch_etcd_v3 import config
+from torch_etcd_v3 import handler as handler_module
 from torch_etcd_v3.backend import EtcdV3RendezvousBackend
 
 
@@ -83,7 +87,7 @@ def test_a_lost_write_backs_off_doubling_up_to_half_a_second_and_a_won_one_reset
     still land within 1 s x 3), then gets the state as the winner left it; a won write
     waits for nothing."""
     waits: list[float] = []
-    monkeypatch.setattr(backend_module, "random", SimpleNamespace(uniform=lambda lo, hi: hi))
+    monkeypatch.setattr(backoff_module, "random", SimpleNamespace(uniform=lambda lo, hi: hi))
     monkeypatch.setattr(backend_module, "time", SimpleNamespace(sleep=waits.append))
     backend = connect(etcd3.endpoint, keep_alive_interval="1")[0]
     first = backend.set_state(b"a")
@@ -165,16 +169,34 @@ def test_keys_live_while_kept_alive_and_expire_after_the_agent_stops(etcd3: Etcd
     assert _leases(etcd3) == []
 
 
-def test_torch_registry_finds_etcd_v3_through_the_entry_point(etcd3: EtcdServer) -> None:
+def test_torch_registry_finds_etcd_v3_through_the_entry_point(
+    etcd3: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(handler_module.SHARED_STORE_SWITCH, raising=False)
     handler = get_rendezvous_handler(
         RendezvousParameters("etcd-v3", etcd3.endpoint, "reg", 1, 1, last_call_timeout="1")
     )
     assert handler.get_backend() == "etcd-v3"
+    # torch's shared TCPStore off (test_etcd_v3_torchrun: a node joining a later round)
+    assert os.environ[handler_module.SHARED_STORE_SWITCH] == "1"
+    assert handler.use_agent_store is False
     info = handler.next_rendezvous()
     assert (info.rank, info.world_size) == (0, 1)
     handler.set_closed()  # type: ignore[no-untyped-call]  # untyped in torch 2.13
     assert handler.is_closed()
     handler.shutdown()
+
+
+def test_a_user_who_chose_torchs_shared_store_keeps_it_and_is_warned(
+    etcd3: EtcdServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(handler_module.SHARED_STORE_SWITCH, "0")
+    with caplog.at_level(logging.WARNING, logger=handler_module.__name__):
+        handler = get_rendezvous_handler(
+            RendezvousParameters("etcd-v3", etcd3.endpoint, "reg", 1, 1)
+        )
+    assert handler.use_agent_store is True
+    assert "a node that joins a later round can wait for MASTER_ADDR" in caplog.text
 
 
 def test_a_lost_lease_is_replaced_on_the_next_write(etcd3: EtcdServer) -> None:

@@ -21,7 +21,8 @@ from torch_etcd_v3.config import load
         ({"protocol": "ftp"}, "protocol='ftp': use http or https"),
         ({"read_timeout": "soon"}, "read_timeout='soon': must be a whole number"),
         ({"lease_ttl": "0"}, "lease_ttl='0': must be a whole number of seconds above 0"),
-        ({"key_prefix": "torch"}, "key_prefix='torch': must start with /"),
+        ({"key_prefix": "torch"}, "key_prefix='torch': must start with / (/ alone is the root"),
+        ({"keep_alive_interval": "soon"}, "keep_alive_interval='soon': must be a whole number"),
         ({"ca_cert": "/x/ca.crt"}, "ca_cert='/x/ca.crt' is set but protocol is http"),
         ({"protocol": "https", "ca_cert": "/nope/ca.crt"}, "ca_cert='/nope/ca.crt': no such file"),
         ({"protocol": "https", "ssl_cert_key": "/k"}, "ssl_cert_key='/k' without ssl_cert"),
@@ -35,9 +36,46 @@ def test_bad_conf_is_one_error_naming_the_value(conf: dict[str, str], message: s
         create_backend(params("127.0.0.1:2379", **conf))
 
 
-def test_bad_endpoint_names_it() -> None:
-    with pytest.raises(ConfigError, match=r"--rdzv-endpoint='host:abc'.*integer"):
-        load(RendezvousParameters("etcd-v3", "host:abc", "job", 1, 1))
+@pytest.mark.parametrize(
+    ("endpoint", "message"),
+    [
+        ("host:abc", "the port 'abc' is not a number from 1 to 65535"),
+        ("host:70000", "the port '70000' is not a number from 1 to 65535"),
+        ("http://etcd:2379", "give HOST:PORT without a scheme .for TLS add protocol=https"),
+        ("fd00::1:2379", "write an IPv6 address in brackets"),
+        ("[fd00::1", "write an IPv6 address as \\[ADDRESS\\]:PORT"),
+        ("etcd/x:2379", "'etcd/x' is not a host name or address"),
+    ],
+)
+def test_bad_endpoint_names_it(endpoint: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"--rdzv-endpoint='{re.escape(endpoint)}': {message}"):
+        load(RendezvousParameters("etcd-v3", endpoint, "job", 1, 1))
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "host", "port"),
+    [
+        ("etcd", "etcd", 2379),
+        (" etcd.ns.svc:2380 ", "etcd.ns.svc", 2380),
+        ("[fd00::1]:2381", "fd00::1", 2381),
+        ("[fd00::1]", "fd00::1", 2379),
+        ("127.0.0.1:1", "127.0.0.1", 1),
+    ],
+)
+def test_endpoint_forms(endpoint: str, host: str, port: int) -> None:
+    cfg = load(RendezvousParameters("etcd-v3", endpoint, "job", 1, 1))
+    assert (cfg.client.host, cfg.client.port) == (host, port)
+
+
+def test_key_prefix_slash_is_the_root() -> None:
+    """`key_prefix=/` is the root of etcd's keyspace (it was refused with "must start with
+    /"); an empty value is the default, as for every key."""
+    cfg = load(params("h:1", "j", key_prefix="/"))
+    assert (cfg.state_key, cfg.store_prefix) == (b"/rendezvous/j", b"/store/j/")
+    cfg = load(params("h:1", "j", key_prefix="//"))
+    assert cfg.state_key == b"/rendezvous/j"
+    cfg = load(params("h:1", "j", key_prefix=""))
+    assert cfg.state_key == b"/torch/elastic/rendezvous/j"
 
 
 def test_empty_password_file_is_refused(tmp_path: Path) -> None:
@@ -65,9 +103,11 @@ def test_keys_names_every_key_the_handler_reads() -> None:
     from torch_etcd_v3 import config  # noqa: PLC0415
 
     source = Path(config.__file__).read_text()
-    read = set(re.findall(r'params\.get\("([a-z_]+)"', source))
-    read |= set(re.findall(r'_positive_int\(params, "([a-z_]+)"', source))
-    assert read == config.HANDLER_KEYS
+    read = set(re.findall(r'_get\(conf, "([a-z_]+)"', source))
+    read |= set(re.findall(r'_positive_int\(conf, "([a-z_]+)"', source))
+    # keep_alive_interval: torch's, read here too (the backoff scales with it)
+    assert read - config.RENDEZVOUS_KEYS == config.HANDLER_KEYS
+    assert read <= config.KEYS
     assert not config.HANDLER_KEYS & config.RENDEZVOUS_KEYS
     assert config.KEYS == config.HANDLER_KEYS | config.RENDEZVOUS_KEYS
     load(params("127.0.0.1:2379", not_a_key="1"))

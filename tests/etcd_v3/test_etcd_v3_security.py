@@ -85,37 +85,34 @@ def test_mutual_tls_with_a_server_certificate_lacking_client_auth_says_so(
     ]
     server = start_tls_etcd(tmp_path / "etcd", pki, flags)
     try:
-        backend, _ = connect(
-            server.endpoint,
-            protocol="https",
-            ca_cert=pki.path("ca.crt"),
-            ssl_cert=pki.path("client.crt"),
-            ssl_cert_key=pki.path("client.key"),
-        )
         with pytest.raises(RendezvousConnectionError, match="needs extendedKeyUsage clientAuth"):
-            backend.set_state(b"state")
+            connect(
+                server.endpoint,
+                protocol="https",
+                ca_cert=pki.path("ca.crt"),
+                ssl_cert=pki.path("client.crt"),
+                ssl_cert_key=pki.path("client.key"),
+            )
     finally:
         server.stop()
 
 
 @pytest.mark.parametrize("tls_etcd", [True], indirect=True, ids=["mutual-tls"])
 def test_mutual_tls_refuses_a_certificate_of_another_ca(tls_etcd: EtcdServer, pki: Pki) -> None:
-    backend, _ = connect(
-        tls_etcd.endpoint,
-        protocol="https",
-        ca_cert=pki.path("ca.crt"),
-        ssl_cert=pki.path("rogue-client.crt"),
-        ssl_cert_key=pki.path("rogue-client.key"),
-    )
     with pytest.raises(RendezvousConnectionError, match=tls_etcd.endpoint):
-        backend.get_state()
+        connect(
+            tls_etcd.endpoint,
+            protocol="https",
+            ca_cert=pki.path("ca.crt"),
+            ssl_cert=pki.path("rogue-client.crt"),
+            ssl_cert_key=pki.path("rogue-client.key"),
+        )
 
 
 @pytest.mark.parametrize("tls_etcd", [False], indirect=True, ids=["server-tls"])
 def test_server_tls_refuses_a_server_the_ca_did_not_sign(tls_etcd: EtcdServer, pki: Pki) -> None:
-    backend, _ = connect(tls_etcd.endpoint, protocol="https", ca_cert=pki.path("rogue.crt"))
     with pytest.raises(RendezvousConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
-        backend.get_state()
+        connect(tls_etcd.endpoint, protocol="https", ca_cert=pki.path("rogue.crt"))
 
 
 def _gateway(
@@ -165,16 +162,14 @@ def test_user_and_password_file(auth_etcd: EtcdServer, tmp_path: Path) -> None:
 
 def test_wrong_password_is_one_clear_error(auth_etcd: EtcdServer, tmp_path: Path) -> None:
     (tmp_path / "pw").write_text("guess")
-    backend, _ = connect(auth_etcd.endpoint, user="trainer", password_file=str(tmp_path / "pw"))
     with pytest.raises(RendezvousConnectionError, match="refused user 'trainer'") as caught:
-        backend.get_state()
+        connect(auth_etcd.endpoint, user="trainer", password_file=str(tmp_path / "pw"))
     assert isinstance(caught.value.__cause__, EtcdAuthError)
 
 
 def test_no_user_on_an_etcd_with_auth_is_refused(auth_etcd: EtcdServer) -> None:
-    backend, _ = connect(auth_etcd.endpoint)
     with pytest.raises(RendezvousConnectionError, match="user name is empty"):
-        backend.get_state()
+        connect(auth_etcd.endpoint)
 
 
 def test_an_expired_auth_token_is_renewed(auth_etcd: EtcdServer, tmp_path: Path) -> None:

@@ -184,20 +184,13 @@ def connect(config: Config, timeout: float = DEFAULT_TIMEOUT) -> Client:
     rdzv-conf keys, read the same way, with the worker's error lines); user and
     password_file as torch_etcd_v3 reads them, after the whole rdzv-conf is checked by
     the handler's own parser, so that a mistake fails here, before torchrun starts."""
-    from torch.distributed.elastic.rendezvous.api import RendezvousParameters  # noqa: PLC0415
     from torch_etcd_v3 import config as v3config  # noqa: PLC0415
 
     tls = config.tls.ssl_context() if config.tls else None
-    params = RendezvousParameters(
-        backend="etcd-v3",
-        endpoint=str(config.endpoint),
-        run_id=config.job_id,
-        min_nodes=config.min_nodes,
-        max_nodes=config.max_nodes,
-        **dict(config.rdzv_conf),
-    )
     try:
-        checked = v3config.load(params)
+        checked = v3config.from_conf(
+            str(config.endpoint), config.job_id, dict(config.rdzv_conf), config.max_nodes
+        )
     except v3config.ConfigError as exc:
         raise ConfigError(f"ELASTIC_RDZV_CONF: {exc}") from None
     settings = dataclasses.replace(checked.client, tls=tls, read_timeout=timeout)

@@ -1,15 +1,36 @@
-"""etcd v3 rendezvous backend and store for torchrun (`--rdzv-backend=etcd-v3`)."""
+"""etcd v3 rendezvous backend and store for torchrun (`--rdzv-backend=etcd-v3`).
 
-# torch's rendezvous package loads the `torchrun.handlers` entry points (this package's
-# handler module among them) when it is first imported. Imported here first, so that
-# `import torch_etcd_v3` before torch's rendezvous does not have torch load our handler
-# while this package is half initialized (the registration then failed: circular import).
-import torch.distributed.elastic.rendezvous  # noqa: F401  # isort: skip
+The map, by what each part imports:
 
-from .backend import EtcdV3RendezvousBackend
+- standard library only (no torch): `client` (etcd's v3 JSON gateway: keys, transactions,
+  leases, watches), `lease` (one lease per agent, kept alive), `backoff` (the wait after a
+  lost compare-and-set), `config` (`--rdzv-endpoint`/`--rdzv-conf` -> `Config`), and
+  `handler` (the `torchrun.handlers` entry point; torch imported inside its functions).
+- torch (`pip install 'torch-etcd-v3[torchrun]'`, or the host's torch): `backend` (torch's
+  `RendezvousBackend`: the state by compare-and-set) and `store` (torch's `Store`).
+
+`import torch_etcd_v3` imports no torch; the names below that need it are imported when
+first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .config import Config, ConfigError
-from .handler import create_backend, create_rdzv_handler
-from .store import EtcdV3Store
+
+if TYPE_CHECKING:
+    from .backend import EtcdV3RendezvousBackend
+    from .handler import create_backend, create_rdzv_handler
+    from .store import EtcdV3Store
+
+_LAZY = {
+    "EtcdV3RendezvousBackend": "backend",
+    "EtcdV3Store": "store",
+    "create_backend": "handler",
+    "create_rdzv_handler": "handler",
+}
 
 __all__ = [
     "Config",
@@ -19,3 +40,10 @@ __all__ = [
     "create_backend",
     "create_rdzv_handler",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -2,53 +2,27 @@
 
 from __future__ import annotations
 
-import random
+import base64
+import binascii
 import time
-from dataclasses import dataclass
 
-from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousConnectionError,
+    RendezvousStateError,
+)
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
 
+from .backoff import Backoff
 from .client import EtcdClient, EtcdError
 from .lease import AgentLease
 
-#: Nodes per step of the first wait after a lost compare-and-set (below).
-NODES_PER_STEP = 32
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """After a lost compare-and-set, wait at random up to `first` x 2^n (n: losses in a
-    row), never above `most`, then read the state afresh. torch's join loop retries a lost
-    write at once, so with N agents joining together every winning write costs about N
-    losing ones; at 128-256 agents the heartbeats of the agents already in the round no
-    longer get through within keep-alive interval x attempts, the others' sanitizer evicts
-    them, they join again, and the rendezvous never completes (docs/recovery.md,
-    "Rendezvous at scale"). The wait spreads the retries; an uncontended write never waits.
-    """
-
-    first: float = 0.01
-    most: float = 0.5
-
-    @classmethod
-    def for_job(cls, max_nodes: int, keep_alive_interval: float) -> Backoff:
-        """Scaled to the job: `first` 10 ms per 32 nodes (that many may contend at a
-        bring-up), `most` an eighth of the keep-alive interval, not below 0.5 s, so a
-        heartbeat still lands in its window of interval x attempts. A job of up to 32
-        nodes with a 1-4 s interval gets 10 ms and 0.5 s. Measured with 256 agents
-        (keep-alive 8 s) on 2 cores: 10 ms/0.5 s joined in 8.1-8.8 s, 80 ms/1 s in
-        5.8-6.4 s, with a third of the lost writes."""
-        steps = max(1, -(-max_nodes // NODES_PER_STEP))
-        return cls(first=cls.first * steps, most=max(cls.most, keep_alive_interval / 8))
-
-    def wait(self, lost_in_row: int) -> float:
-        return random.uniform(0, min(self.most, self.first * 2**lost_in_row))
-
 
 class EtcdV3RendezvousBackend(RendezvousBackend):
-    """State at `<key_prefix>/rendezvous/<run_id>`; the token is the key's mod_revision.
-    Each write attaches the key to the writer's lease: every agent rewrites the state on
-    its heartbeat, so the key lives while any agent does, and goes `lease_ttl` after."""
+    """State at `<key_prefix>/rendezvous/<run_id>`, base64-encoded as torch's etcd-v2 and
+    c10d backends keep it (so that a value this backend did not write is told apart: torch's
+    RendezvousStateError); the token is the key's mod_revision. Each write attaches the key
+    to the writer's lease: every agent rewrites the state on its heartbeat, so the key lives
+    while any agent does, and goes `lease_ttl` after."""
 
     def __init__(
         self, client: EtcdClient, key: bytes, lease: AgentLease, backoff: Backoff | None = None
@@ -63,6 +37,18 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
     def name(self) -> str:
         return "etcd-v3"
 
+    def _decode(self, stored: bytes) -> bytes:
+        try:
+            return base64.b64decode(stored, validate=True)
+        except binascii.Error as exc:
+            key = self._key.decode(errors="replace")
+            raise RendezvousStateError(
+                f"etcd-v3 rendezvous: the state at {key} is corrupt (not the base64 this "
+                f"backend writes: {exc}); something else wrote the key, or an agent of an "
+                "earlier torch-etcd-v3 build (raw state): run every agent of a job on one "
+                "build, or delete the key and start the job again"
+            ) from exc
+
     def get_state(self) -> tuple[bytes, Token] | None:
         try:
             kv, _ = self._client.get(self._key)
@@ -70,7 +56,7 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
             raise RendezvousConnectionError(
                 f"etcd-v3 rendezvous: reading the state failed: {exc}"
             ) from exc
-        return None if kv is None else (kv.value, kv.mod_revision)
+        return None if kv is None else (self._decode(kv.value), kv.mod_revision)
 
     def set_state(
         self, state: bytes, token: Token | None = None
@@ -82,9 +68,10 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
             except (TypeError, ValueError):
                 current = self.get_state()
                 return None if current is None else (*current, False)
+        stored = base64.b64encode(state)
         try:
             written, _, at = self._lease.write(
-                lambda lease: self._client.put_if(self._key, state, lease, revision)
+                lambda lease: self._client.put_if(self._key, stored, lease, revision)
             )
         except EtcdError as exc:
             raise RendezvousConnectionError(

@@ -4,18 +4,22 @@ The keys are torch's etcd-v2 handler's where they apply (protocol, ca_cert, ssl_
 ssl_cert_key, read_timeout), plus user/password_file, key_prefix and lease_ttl. Timing
 keys (join_timeout, last_call_timeout, close_timeout, heartbeat, keep_alive_*) belong to
 torch's dynamic rendezvous, which reads them itself.
+
+Standard library only: the worker checks a conf and reaches etcd with this module without
+importing torch. `load` takes torch's RendezvousParameters (or anything shaped like it);
+`from_conf` the same values as plain arguments.
 """
 
 from __future__ import annotations
 
+import re
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from torch.distributed.elastic.rendezvous.api import RendezvousParameters
-from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
-
-from .backend import Backoff
+from .backoff import Backoff
 from .client import ClientSettings
 
 #: The --rdzv-conf keys this handler reads (load() below).
@@ -58,10 +62,24 @@ class ConfigError(ValueError):
     """A --rdzv-endpoint or --rdzv-conf value that cannot work; the message names it."""
 
 
+class Parameters(Protocol):
+    """What `load` reads of torch's RendezvousParameters."""
+
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def max_nodes(self) -> int: ...
+    @property
+    def config(self) -> Mapping[str, object]: ...
+
+
 @dataclass(frozen=True)
 class Config:
     client: ClientSettings
     run_id: str
+    #: Without a trailing /: "" is the root of the keyspace (`key_prefix=/`).
     key_prefix: str
     lease_ttl: int
     backoff: Backoff
@@ -75,13 +93,20 @@ class Config:
         return f"{self.key_prefix}/store/{self.run_id}/".encode()
 
 
-def _positive_int(params: RendezvousParameters, key: str, default: int) -> int:
-    raw = params.config.get(key)
-    if raw is None or raw == "":
+def _get(conf: Mapping[str, object], key: str) -> str | None:
+    """The key's value as given; None when absent or empty (empty means the default, as
+    `key=` on a command line or an empty Helm value would mean)."""
+    value = conf.get(key)
+    return None if value is None or str(value) == "" else str(value)
+
+
+def _positive_int(conf: Mapping[str, object], key: str, default: int) -> int:
+    raw = _get(conf, key)
+    if raw is None:
         return default
     try:
         value = int(raw)
-    except (TypeError, ValueError):
+    except ValueError:
         value = 0
     if value <= 0:
         raise ConfigError(
@@ -91,16 +116,50 @@ def _positive_int(params: RendezvousParameters, key: str, default: int) -> int:
     return value
 
 
+_HOST = re.compile(r"[\w.:-]+")
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """`HOST[:PORT]` or `[IPv6][:PORT]` -> (host, port); port 2379 if left out."""
+    text = endpoint.strip()
+    where = f"--rdzv-endpoint={endpoint!r}"
+    if not text:
+        raise ConfigError(
+            "--rdzv-endpoint is empty: give HOST:PORT of etcd (port 2379 if left out)"
+        )
+    if "://" in text:
+        raise ConfigError(
+            f"{where}: give HOST:PORT without a scheme (for TLS add protocol=https to --rdzv-conf)"
+        )
+    if text.startswith("["):
+        host, closed, rest = text[1:].partition("]")
+        if not closed or (rest and not rest.startswith(":")):
+            raise ConfigError(f"{where}: write an IPv6 address as [ADDRESS]:PORT")
+        port_text = rest[1:] if rest else None
+    elif text.count(":") > 1:
+        raise ConfigError(f"{where}: write an IPv6 address in brackets, as [ADDRESS]:PORT")
+    else:
+        host, colon, port_text_or_empty = text.partition(":")
+        port_text = port_text_or_empty if colon else None
+    if not host or not _HOST.fullmatch(host):
+        raise ConfigError(f"{where}: {host!r} is not a host name or address")
+    if port_text is None:
+        return host, DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 2**16:
+        raise ConfigError(f"{where}: the port {port_text!r} is not a number from 1 to 65535")
+    return host, int(port_text)
+
+
 def _readable(key: str, path: str) -> str:
     if not Path(path).is_file():
         raise ConfigError(f"--rdzv-conf {key}={path!r}: no such file; give the path of a PEM file")
     return path
 
 
-def _tls(params: RendezvousParameters, protocol: str) -> ssl.SSLContext | None:
-    ca_cert = params.get("ca_cert")
-    ssl_cert = params.get("ssl_cert")
-    ssl_cert_key = params.get("ssl_cert_key")
+def _tls(conf: Mapping[str, object], protocol: str) -> ssl.SSLContext | None:
+    ca_cert = _get(conf, "ca_cert")
+    ssl_cert = _get(conf, "ssl_cert")
+    ssl_cert_key = _get(conf, "ssl_cert_key")
     if protocol == "http":
         for key, value in (("ca_cert", ca_cert), ("ssl_cert", ssl_cert)):
             if value:
@@ -131,8 +190,8 @@ def _tls(params: RendezvousParameters, protocol: str) -> ssl.SSLContext | None:
     return context
 
 
-def _password(params: RendezvousParameters, user: str | None) -> str | None:
-    password_file = params.get("password_file")
+def _password(conf: Mapping[str, object], user: str | None) -> str | None:
+    password_file = _get(conf, "password_file")
     if not user:
         if password_file:
             raise ConfigError(
@@ -157,44 +216,50 @@ def _password(params: RendezvousParameters, user: str | None) -> str | None:
     return password
 
 
-def load(params: RendezvousParameters) -> Config:
-    if not params.endpoint:
+def _key_prefix(conf: Mapping[str, object]) -> str:
+    raw = _get(conf, "key_prefix")
+    if raw is None:
+        return DEFAULT_KEY_PREFIX
+    if not raw.startswith("/"):
         raise ConfigError(
-            "--rdzv-endpoint is empty: give HOST:PORT of etcd (port 2379 if left out)"
+            f"--rdzv-conf key_prefix={raw!r}: must start with / (/ alone is the root of "
+            f"etcd's keyspace; default {DEFAULT_KEY_PREFIX})"
         )
-    try:
-        host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
-    except ValueError as exc:
-        raise ConfigError(f"--rdzv-endpoint={params.endpoint!r}: {exc}") from exc
-    if not params.run_id:
+    # `/` is the root: the keys are then /rendezvous/<run_id> and /store/<run_id>/...
+    return raw.rstrip("/")
+
+
+def from_conf(endpoint: str, run_id: str, conf: Mapping[str, object], max_nodes: int = 1) -> Config:
+    """The configuration of `--rdzv-endpoint`, `--rdzv-id` and `--rdzv-conf` (as a mapping);
+    `max_nodes` (the upper bound of `--nnodes`) scales the backoff."""
+    host, port = parse_endpoint(endpoint or "")
+    if not run_id:
         raise ConfigError("--rdzv-id is empty: give the job a run id")
 
-    protocol = str(params.get("protocol", "http")).strip().lower()
+    protocol = (_get(conf, "protocol") or "http").strip().lower()
     if protocol not in ("http", "https"):
-        raise ConfigError(f"--rdzv-conf protocol={params.get('protocol')!r}: use http or https")
-
-    key_prefix = str(params.get("key_prefix", DEFAULT_KEY_PREFIX)).rstrip("/")
-    if not key_prefix.startswith("/"):
-        raise ConfigError(
-            f"--rdzv-conf key_prefix={params.get('key_prefix')!r}: must start with / "
-            f"(default {DEFAULT_KEY_PREFIX})"
-        )
-
-    user = params.get("user") or None
+        raise ConfigError(f"--rdzv-conf protocol={_get(conf, 'protocol')!r}: use http or https")
+    key_prefix = _key_prefix(conf)
+    user = _get(conf, "user")
     return Config(
         client=ClientSettings(
             host=host,
             port=port,
-            tls=_tls(params, protocol),
-            read_timeout=_positive_int(params, "read_timeout", DEFAULT_READ_TIMEOUT),
+            tls=_tls(conf, protocol),
+            read_timeout=_positive_int(conf, "read_timeout", DEFAULT_READ_TIMEOUT),
             user=user,
-            password=_password(params, user),
+            password=_password(conf, user),
         ),
-        run_id=params.run_id,
+        run_id=run_id,
         key_prefix=key_prefix,
-        lease_ttl=_positive_int(params, "lease_ttl", DEFAULT_LEASE_TTL),
+        lease_ttl=_positive_int(conf, "lease_ttl", DEFAULT_LEASE_TTL),
         backoff=Backoff.for_job(
-            params.max_nodes,
-            params.get_as_int("keep_alive_interval") or TORCH_KEEP_ALIVE_INTERVAL,
+            max_nodes,
+            _positive_int(conf, "keep_alive_interval", TORCH_KEEP_ALIVE_INTERVAL),
         ),
     )
+
+
+def load(params: Parameters) -> Config:
+    """The configuration of torch's RendezvousParameters for this backend."""
+    return from_conf(params.endpoint, params.run_id, params.config, params.max_nodes)

@@ -38,6 +38,11 @@ class EtcdV3Store(Store):
             self.set_timeout(timeout)
 
     @property
+    def client(self) -> EtcdClient:
+        """The etcd client (shared with the rendezvous backend)."""
+        return self._client
+
+    @property
     def lease(self) -> AgentLease:
         """The agent's lease (shared with the rendezvous backend)."""
         return self._lease
