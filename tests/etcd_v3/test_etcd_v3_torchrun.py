@@ -123,7 +123,9 @@ def test_a_plain_torchrun_takes_a_node_that_joins_a_later_round(
     shared TCPStore on (torch's default), the newcomer waited in RendezvousStoreInfo.build
     for a MASTER_ADDR that the round's rank 0, holding its store from round 1, never wrote
     (the store's timeout: 300 s) and the others waited for it. The handler turns the
-    sharing off unless the user chose it, so the three train together in seconds."""
+    sharing off unless the user chose it, so the three train together well within the
+    bound (22-42 s on two cores at a load average of 16: three interpreters importing
+    torch; the bound leaves room for that, far below the 300 s of the wait)."""
 
     def start(name: str) -> Torchrun:
         agent = Torchrun(name, etcd3, "job-late", tmp_path, steps=100_000, share_opt_out=False)
@@ -140,7 +142,7 @@ def test_a_plain_torchrun_takes_a_node_that_joins_a_later_round(
     wait_until(
         "the late node training with the other two (not waiting for MASTER_ADDR)",
         lambda: all(any(w == 3 for _, w, _ in x.steps()) for x in (a, b, c)),
-        timeout=60,
+        timeout=120,
     )
     print(
         f"the late node trained with the others {time.monotonic() - started:.1f} s after its start"
