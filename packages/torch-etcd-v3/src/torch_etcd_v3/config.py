@@ -145,7 +145,7 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
         raise ConfigError(f"{where}: {host!r} is not a host name or address")
     if port_text is None:
         return host, DEFAULT_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) < 2**16:
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 2**16:
         raise ConfigError(f"{where}: the port {port_text!r} is not a number from 1 to 65535")
     return host, int(port_text)
 
