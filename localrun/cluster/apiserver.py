@@ -11,6 +11,7 @@ unchanged against it (in-cluster config, bearer token, CA verification):
     PATCH /apis/apps/v1/namespaces/{ns}/statefulsets/{name}/scale  merge, strategic or JSON patch
     PUT   /apis/apps/v1/namespaces/{ns}/statefulsets/{name}/scale  replace
     GET   /apis/apps/v1/namespaces/{ns}/statefulsets[?watch=true]  StatefulSetList
+    GET   /apis/apps/v1/statefulsets[?watch=true]                 every namespace's
     pods (list, watch, get), pods/log (follow, previous), pods/proxy, events (list, watch,
     create): apiroutes.py, over the objects of apistore.py
 
@@ -94,6 +95,7 @@ _STS_PATH = re.compile(
     r"^/apis/apps/v1/namespaces/(?P<ns>[^/]+)/statefulsets/(?P<name>[^/]+)(?P<scale>/scale)?$"
 )
 _STS_LIST = re.compile(r"^/apis/apps/v1/namespaces/(?P<ns>[^/]+)/statefulsets$")
+_STS_ALL = re.compile(r"^/apis/apps/v1/statefulsets$")
 _CORE_ALL = re.compile(r"^/api/v1/(?P<res>pods|events)$")
 _CORE_NS = re.compile(
     r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|events)"
@@ -158,6 +160,8 @@ def _target(method: str, path: str, watch: bool = False) -> _Target | None:
         return _Target(
             collection if method == "GET" else verb, "apps", "statefulsets", "", m["ns"], ""
         )
+    if _STS_ALL.match(path):
+        return _Target(collection if method == "GET" else verb, "apps", "statefulsets", "", "", "")
     if m := _CORE_ALL.match(path):
         return _Target(collection if method == "GET" else verb, "", m["res"], "", "", "")
     if m := _CORE_NS.match(path):
@@ -608,7 +612,7 @@ class FakeApiServer:
                 kept = [
                     copy.deepcopy(o)
                     for (ns, _), o in sorted(self.statefulsets.items())
-                    if ns == target.namespace
+                    if ns == target.namespace or not target.namespace
                 ]
             return routes.list_or_watch("statefulsets", target.namespace, query, kept)
         if method == "POST":

@@ -3,73 +3,28 @@ what it prints, and the one line and exit code of each error a user meets."""
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from cli_cluster import NS, add_release, pod, run, write_kubeconfig
 from elastic_job_cli import cli
 from elastic_job_cli.kube import connect
+from elastic_job_cli.options import Access
 
 from localrun.cluster import apiroutes, podlogs
 from localrun.cluster.apiserver import FakeApiServer
 from localrun.cluster.nodes import load_nodes
 
-NS = "ml"
-LABELS = {
-    "app.kubernetes.io/name": "elastic-job",
-    "app.kubernetes.io/instance": "run42",
-    "app.kubernetes.io/component": "worker",
-    "app.kubernetes.io/part-of": "elastic-job",
-    "elastic-job.pytorch.org/group": "default",
-}
-ENV = [{"name": "ELASTIC_MIN_NODES", "value": "2"}, {"name": "ELASTIC_MAX_NODES", "value": "3"}]
-STS = {
-    "metadata": {"labels": LABELS},
-    "spec": {
-        "selector": {"matchLabels": LABELS},
-        "template": {
-            "metadata": {"labels": LABELS},
-            "spec": {"containers": [{"name": "worker", "image": "w:1", "env": ENV}]},
-        },
-    },
-}
-
-
-def pod(name: str, node: str, *, disruption: bool = False) -> dict[str, Any]:
-    conditions = [{"type": "Ready", "status": "True"}]
-    if disruption:
-        conditions.append(
-            {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
-             "message": "Pod was terminated in response to imminent node shutdown.",
-             "lastTransitionTime": "2026-11-23T10:05:00Z"}
-        )  # fmt: skip
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name, "namespace": NS, "uid": f"uid-{name}", "labels": dict(LABELS),
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
-                                 "name": "run42-elastic-job-default", "uid": "u"}],
-        },
-        "spec": {"nodeName": node, "containers": [{"name": "worker", "image": "w:1"}]},
-        "status": {
-            "phase": "Running", "startTime": "2026-11-23T10:00:00Z", "conditions": conditions,
-            "containerStatuses": [{"name": "worker", "image": "w:1", "imageID": "", "ready": True,
-                                   "restartCount": 0, "state": {"running": {}}}],
-        },
-    }  # fmt: skip
-
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[FakeApiServer]:
     with FakeApiServer(load_nodes("local"), workdir=tmp_path / "api", namespace=NS) as server:
-        server.add_statefulset(NS, "run42-elastic-job-default", 3, copy.deepcopy(STS))
+        add_release(server, NS, "run42", 3)
         server.publish_pods(
             NS,
             [
@@ -82,15 +37,7 @@ def api(tmp_path: Path) -> Iterator[FakeApiServer]:
 
 @pytest.fixture
 def kubeconfig(api: FakeApiServer, tmp_path: Path) -> str:
-    path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps(api.kubeconfig(NS)))
-    return str(path)
-
-
-def run(kubeconfig: str, *args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = cli.main(["--kubeconfig", kubeconfig, *args])
-    out, err = capsys.readouterr()
-    return code, out, err
+    return write_kubeconfig(api, tmp_path / "kubeconfig")
 
 
 def test_status_from_the_api_alone_when_metrics_are_off(
@@ -202,11 +149,11 @@ def test_events_watch_goes_on_when_the_server_ends_a_watch(
 ) -> None:
     monkeypatch.setattr(apiroutes, "WATCH_TIMEOUT", 1.0)  # the server ends each watch at 1 s
     out = io.StringIO()
-    kube = connect(kubeconfig, None, NS)
+    kube = connect(Access(kubeconfig, None, NS, all_namespaces=False, request_timeout=30.0))
     threading.Thread(
         target=cli.run_events,
         args=(kube, "run42"),
-        kwargs={"watch": True, "as_json": True, "out": out},
+        kwargs={"watch": True, "fmt": "json", "out": out},
         daemon=True,
     ).start()
     time.sleep(2.5)  # past two server-side ends of the watches

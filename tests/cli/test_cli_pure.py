@@ -133,14 +133,14 @@ def test_training_from_metrics_with_reforms_and_the_last_reforms_cost() -> None:
 def test_below_min_when_fewer_nodes_train_than_min() -> None:
     m = {"run42-w-0": metrics("waiting_rendezvous", -1, 0)}
     view = derive([pod("run42-w-0")], m)
-    assert view.state == "below min" and view.pods[0].group_rank is None
+    assert view.state == "below-min" and view.pods[0].group_rank is None
 
 
 def test_without_metrics_the_state_comes_from_ready_pods() -> None:
     view = derive([pod("run42-w-0"), pod("run42-w-1")], {"run42-w-0": None, "run42-w-1": None})
     assert (view.state, view.world_size, view.pods[0].state) == ("running", 2, "")
     view = derive([pod("run42-w-0"), pod("run42-w-1", ready=False)], {})
-    assert (view.state, view.world_size) == ("below min", 1)
+    assert (view.state, view.world_size) == ("below-min", 1)
 
 
 def test_complete_from_the_workers_event_or_scaled_to_zero() -> None:

@@ -1,51 +1,103 @@
 """elastic-job: an elastic-job release from a terminal (also `kubectl elastic-job`).
 
-    elastic-job status RELEASE [-o json]
+    elastic-job list [-A] [-o wide|json|yaml]
+    elastic-job status RELEASE [-o json|yaml]
     elastic-job logs RELEASE (POD | --all | --rank0) [-f] [--previous] [--tail N]
     elastic-job logs RELEASE --save DIR
-    elastic-job events RELEASE [-w] [-o json]
-    elastic-job cost RELEASE --prices prices.yaml [-o json]
+    elastic-job events RELEASE [-w] [-o json|yaml]
+    elastic-job cost RELEASE --prices prices.yaml [-o json|yaml]
 
--n/--namespace, --context and --kubeconfig as kubectl has them. Exit codes: 0 ok, 1 API
-error, 2 usage or no cluster access, 3 no such release, 4 not allowed (RBAC), 5 API
-server unreachable.
+-n/--namespace, --context, --kubeconfig (KUBECONFIG: several files, merged) and
+--request-timeout as kubectl has them; --version. Exit codes: 0 ok, 1 API error, 2 usage
+or no cluster access (a kubeconfig that cannot be read included), 3 no such release,
+4 not allowed (RBAC), 5 API server unreachable or not answering within --request-timeout.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import platform
 import queue
 import sys
 import threading
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
-from elastic_job_cli import jobstate, logs, pricing, timeline
+from elastic_job_cli import joblist, jobstate, logs, output, pricing, timeline
 from elastic_job_cli import objects as o
 from elastic_job_cli.kube import EXIT_USAGE, CommandError, Kube, connect
+from elastic_job_cli.options import DEFAULT_REQUEST_TIMEOUT, Access, DurationError
+from elastic_job_cli.options import request_timeout as parse_timeout
 
 Obj = dict[str, Any]
+PACKAGE = "elastic-job-cli"
+
+
+def version() -> str:
+    """`elastic-job --version`: the package's version (VERSION, through pyproject), and the
+    client and Python it runs on, for a bug report."""
+    try:
+        mine = metadata.version(PACKAGE)
+    except metadata.PackageNotFoundError:
+        mine = "unknown (not installed: pip install packages/elastic-job-cli)"
+    try:
+        kube = metadata.version("kubernetes")
+    except metadata.PackageNotFoundError:
+        kube = "missing"
+    return f"elastic-job {mine} (kubernetes client {kube}, Python {platform.python_version()})"
+
+
+def _timeout(text: str) -> float | None:
+    try:
+        return parse_timeout(text)
+    except DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _common(p: argparse.ArgumentParser, default: Any) -> None:
     p.add_argument("-n", "--namespace", default=default, help="namespace (default: the context's)")
     p.add_argument("--context", default=default, help="kubeconfig context")
-    p.add_argument("--kubeconfig", default=default, help="kubeconfig file")
+    p.add_argument(
+        "--kubeconfig",
+        default=default,
+        help="kubeconfig file (default: KUBECONFIG, its files merged, else ~/.kube/config)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=_timeout,
+        default=default,
+        metavar="DURATION",
+        help="how long to wait for the API server: to connect and for each answer "
+        f"(1s, 2m, 3h; 0: for ever; default {DEFAULT_REQUEST_TIMEOUT})",
+    )
+
+
+def _output(p: argparse.ArgumentParser, *extra: str) -> None:
+    p.add_argument(
+        "-o", "--output", choices=[*output.FORMATS, *extra], default="text",
+        help="text (default), " + ", ".join([*extra, *output.FORMATS[1:]]),
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elastic-job", description=__doc__.split("\n")[0])
+    p.add_argument("--version", action="version", version=version())
     _common(p, None)
+    p.set_defaults(request_timeout=parse_timeout(DEFAULT_REQUEST_TIMEOUT))
     # The same flags after the subcommand, as kubectl takes them anywhere.
     common = argparse.ArgumentParser(add_help=False)
     _common(common, argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True)
 
+    ls = sub.add_parser("list", parents=[common], help="every job in the namespace, or all")
+    ls.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace's jobs")
+    _output(ls, "wide")
+
     s = sub.add_parser("status", parents=[common], help="the job at a glance")
     s.add_argument("release")
-    s.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    _output(s)
 
     lg = sub.add_parser("logs", parents=[common], help="a pod's, every pod's or rank 0's logs")
     lg.add_argument("release")
@@ -66,15 +118,48 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("events", parents=[common], help="what happened, in time order")
     e.add_argument("release")
     e.add_argument("-w", "--watch", action="store_true", help="then print new ones as they happen")
-    e.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    _output(e)
 
     c = sub.add_parser("cost", parents=[common], help="node-hours, GPU-hours and their price")
     c.add_argument("release")
     c.add_argument(
         "--prices", type=Path, required=True, metavar="FILE", help="prices YAML (README)"
     )
-    c.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    _output(c)
     return p
+
+
+def access(args: argparse.Namespace) -> Access:
+    return Access(
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        namespace=args.namespace,
+        all_namespaces=bool(getattr(args, "all_namespaces", False)),
+        request_timeout=args.request_timeout,
+    )
+
+
+# -- list --------------------------------------------------------------------------------------
+
+
+def gather_list(kube: Kube, now: datetime) -> list[joblist.JobRow]:
+    statefulsets, pods, events = kube.workers()
+    rels = joblist.releases(statefulsets, pods)
+    read = kube.metrics_of([p for r in rels for p in r.pods])
+    return [joblist.row(r, read, events, now) for r in rels]
+
+
+def run_list(kube: Kube, *, fmt: str, out: TextIO) -> int:
+    rows = gather_list(kube, datetime.now(timezone.utc))
+    if fmt in ("json", "yaml"):
+        out.write(output.dump({"items": [r.as_dict() for r in rows]}, fmt))
+        return 0
+    if not rows:
+        where = "any namespace" if kube.all_namespaces else f"{kube.namespace} namespace"
+        print(f"No elastic-job releases found in {where}.", file=sys.stderr)
+        return 0
+    out.write(joblist.table(rows, all_namespaces=kube.all_namespaces, wide=fmt == "wide"))
+    return 0
 
 
 # -- status ----------------------------------------------------------------------------------
@@ -84,19 +169,10 @@ def gather_status(kube: Kube, release: str) -> jobstate.JobView:
     rel = kube.release(release)
     nodes, nodes_note = kube.nodes()
     events = timeline.job_events(kube.events(), rel.names)
-    metrics: dict[str, dict[str, float] | None] = {}
-    notes: set[str] = set()
-    for pod in rel.pods:
-        metrics[o.name(pod)], note = kube.metrics(pod)
-        notes.add(note)
-    if not rel.pods:
-        note = "on" if any(o.has_metrics_port(s) for s in rel.statefulsets) else "off"
-    elif "on" in notes and any(metrics.values()):
-        note = "on"
-    elif notes == {"off"}:
-        note = "off"
-    else:
-        note = next((n for n in notes if n not in ("on", "off")), "on, but no pod answered")
+    by_uid = kube.metrics_of(rel.pods)
+    read = {o.name(p): by_uid[p["metadata"]["uid"]] for p in rel.pods}
+    metrics = {pod: m for pod, (m, _) in read.items()}
+    note = jobstate.metrics_note(rel.statefulsets, rel.pods, list(read.values()))
     view = jobstate.derive(
         release,
         kube.namespace,
@@ -154,23 +230,23 @@ def print_status(view: jobstate.JobView, out: TextIO) -> None:
 
 
 def _table(rows: list[list[str]], out: TextIO) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        out.write(
-            "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() + "\n"
-        )
+    out.write(output.table(rows))
 
 
 # -- events ------------------------------------------------------------------------------------
 
 
-def run_events(kube: Kube, release: str, *, watch: bool, as_json: bool, out: TextIO) -> int:
+def _entry(entry: timeline.Entry, fmt: str) -> str:
+    return entry.line() + "\n" if fmt == "text" else output.stream_item(entry.as_dict(), fmt)
+
+
+def run_events(kube: Kube, release: str, *, watch: bool, fmt: str, out: TextIO) -> int:
     rel = kube.release(release)
     nodes, _ = kube.nodes()
     events = kube.events()
     entries = timeline.merge(rel.pods, nodes, events, rel.names)
     for entry in entries:
-        out.write((json.dumps(entry.as_dict()) if as_json else entry.line()) + "\n")
+        out.write(_entry(entry, fmt))
     out.flush()
     if not watch:
         return 0
@@ -203,7 +279,7 @@ def run_events(kube: Kube, release: str, *, watch: bool, as_json: bool, out: Tex
                 resource, change["type"], obj, seen=seen, names=names, now=now
             )
             for entry in new:
-                out.write((json.dumps(entry.as_dict()) if as_json else entry.line()) + "\n")
+                out.write(_entry(entry, fmt))
             out.flush()
     except KeyboardInterrupt:
         return 0
@@ -235,7 +311,7 @@ def _watch_into(
 # -- cost --------------------------------------------------------------------------------------
 
 
-def run_cost(kube: Kube, release: str, prices_path: Path, *, as_json: bool, out: TextIO) -> int:
+def run_cost(kube: Kube, release: str, prices_path: Path, *, fmt: str, out: TextIO) -> int:
     try:
         text = prices_path.read_text()
     except OSError as exc:
@@ -247,12 +323,13 @@ def run_cost(kube: Kube, release: str, prices_path: Path, *, as_json: bool, out:
     rel = kube.release(release)
     nodes, nodes_note = kube.nodes()
     events = timeline.job_events(kube.events(), rel.names)
-    metrics = {o.name(p): kube.metrics(p)[0] for p in rel.pods}
+    by_uid = kube.metrics_of(rel.pods)
+    metrics = {o.name(p): by_uid[p["metadata"]["uid"]][0] for p in rel.pods}
     now = datetime.now(timezone.utc)
     spans = pricing.intervals(rel.pods, events, now)
     result = pricing.cost(spans, nodes, prices, pricing.reform_seconds(events, metrics))
-    if as_json:
-        out.write(json.dumps(result.as_dict(), indent=1) + "\n")
+    if fmt != "text":
+        out.write(output.dump(result.as_dict(), fmt))
         return 0
     cur = f" {prices.currency}" if prices.currency else ""
     rows = [
@@ -286,13 +363,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "logs" and not (args.pod or args.all or args.rank0 or args.save):
             raise CommandError("logs: name a POD, or pass --all, --rank0 or --save DIR", EXIT_USAGE)
-        kube = connect(args.kubeconfig, args.context, args.namespace)
+        kube = connect(access(args))
+        if args.command == "list":
+            return run_list(kube, fmt=args.output, out=out)
         if args.command == "status":
             view = gather_status(kube, args.release)
-            if args.output == "json":
-                out.write(json.dumps(view.as_dict(), indent=1) + "\n")
-            else:
+            if args.output == "text":
                 print_status(view, out)
+            else:
+                out.write(output.dump(view.as_dict(), args.output))
             return 0
         if args.command == "logs":
             if args.save:
@@ -312,10 +391,8 @@ def main(argv: list[str] | None = None) -> int:
                 out=out,
             )
         if args.command == "events":
-            return run_events(
-                kube, args.release, watch=args.watch, as_json=args.output == "json", out=out
-            )
-        return run_cost(kube, args.release, args.prices, as_json=args.output == "json", out=out)
+            return run_events(kube, args.release, watch=args.watch, fmt=args.output, out=out)
+        return run_cost(kube, args.release, args.prices, fmt=args.output, out=out)
     except CommandError as exc:
         print(f"elastic-job: {exc}", file=sys.stderr)
         return exc.code

@@ -2,7 +2,7 @@
 (when on) and their Events: pure, so every rule is tested without a cluster.
 
 States: gating (pods wait in the readiness gate or the rendezvous), re-forming (pods that
-trained wait for the next round), training (a round at world size >= min), below min
+trained wait for the next round), training (a round at world size >= min), below-min
 (fewer than min nodes train, or can run), complete, failed.
 Without metrics the state comes from the API alone: pods running and ready stand for
 nodes, and "training" reads "running".
@@ -38,6 +38,7 @@ class PodView:
     world_size: int | None
     round: int | None
     last_step: int | None
+    restarts_left: int | None  # the running torchrun's, from the metrics
 
 
 @dataclass
@@ -52,6 +53,9 @@ class JobView:
     reforms: int | None
     last_reform_seconds: float | None
     last_step: int | None
+    #: The fewest torchrun restarts any pod has left (--max-restarts less those used): the
+    #: first agent to run out ends the job. None without metrics.
+    restarts_left: int | None
     metrics: str  # "on", "off" (no metrics port), or why they could not be read
     groups: dict[str, dict[str, int]] = field(default_factory=dict)  # replicas, ready
     pods: list[PodView] = field(default_factory=list)
@@ -96,6 +100,7 @@ def pod_view(pod: Obj, nodes: dict[str, Obj], metrics: Metrics | None) -> PodVie
         world_size=world if world else None,
         round=_int(metrics, "elastic_job_rendezvous_round") or None,
         last_step=_int(metrics, "elastic_job_last_step"),
+        restarts_left=_int(metrics, "elastic_job_torchrun_restarts_remaining"),
     )
 
 
@@ -114,6 +119,26 @@ def last_reform_seconds(events: list[Obj]) -> float | None:
 def _max(values: list[int | None]) -> int | None:
     known = [v for v in values if v is not None]
     return max(known) if known else None
+
+
+def _min(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def metrics_note(
+    statefulsets: list[Obj], pods: list[Obj], read: list[tuple[Metrics | None, str]]
+) -> str:
+    """What the job's metrics column says, from each pod's (metrics, note) as
+    Kube.metrics returns them: "on", "off", or why none could be read."""
+    notes = {note for _, note in read}
+    if not pods:
+        return "on" if any(o.has_metrics_port(s) for s in statefulsets) else "off"
+    if "on" in notes and any(m for m, _ in read):
+        return "on"
+    if notes == {"off"}:
+        return "off"
+    return next((n for n in notes if n not in ("on", "off")), "on, but no pod answered")
 
 
 def derive(
@@ -138,7 +163,7 @@ def derive(
         world = sum(1 for p in pods if o.ready(p) and not p["metadata"].get("deletionTimestamp"))
     replicas = {o.name(s): int((s.get("spec") or {}).get("replicas") or 0) for s in statefulsets}
     completed = any(v.state == "completed" for v in views) or any(
-        e.get("reason") == "JobCompleted" for e in events
+        e.get("reason") == o.JOB_COMPLETED for e in events
     )
     scaled_to_zero = bool(replicas) and all(r == 0 for r in replicas.values())
     notes: list[str] = []
@@ -162,11 +187,11 @@ def derive(
         enough = len([v for v in views if v.state]) >= lim.min_nodes
         # Pods that trained before and wait for the rendezvous again: a re-form.
         again = any((v.round or 0) >= 1 and v.state == "waiting_rendezvous" for v in views)
-        state = ("re-forming" if again else "gating") if enough else "below min"
+        state = ("re-forming" if again else "gating") if enough else "below-min"
     elif not by_metrics and world >= lim.min_nodes:
         state = "running"
     else:
-        state = "below min"
+        state = "below-min"
     groups: dict[str, dict[str, int]] = {}
     for s in statefulsets:
         group = o.labels(s).get(o.GROUP, o.name(s))
@@ -187,6 +212,7 @@ def derive(
         reforms=reforms,
         last_reform_seconds=last,
         last_step=_max([v.last_step for v in views]),
+        restarts_left=_min([v.restarts_left for v in views]),
         metrics=metrics_note,
         groups=groups,
         pods=views,

@@ -1,27 +1,46 @@
 """The command's access to the API server, on the official `kubernetes` client: kubeconfig
-(`--kubeconfig`, `KUBECONFIG`, ~/.kube/config; `--context`) or in-cluster config, the
-namespace as kubectl picks it, and every failure turned into one line that says what to do.
+(kubeconfig.py: `--kubeconfig`, `KUBECONFIG` merged, ~/.kube/config; `--context`) or
+in-cluster config, the namespace as kubectl picks it, `--request-timeout` on every
+request, and every failure turned into one line that says what to do.
 
 Objects are read as plain JSON dicts (`_preload_content=False`), the shapes the API serves,
-so the pure modules (jobstate, timeline, pricing) take exactly what a cluster returns.
+so the pure modules (jobstate, timeline, pricing, joblist) take exactly what a cluster
+returns.
+
+Timeouts: every request gets (connect, read) = (t, t) through the client's documented
+`_request_timeout` (a float alone is ignored by clients before 36, so the tuple is the
+form every supported client honours): the TCP connect and the TLS handshake within t, and
+no wait longer than t for an answer. A stream (a watch, a followed log) waits t for its
+headers and then as long as it lasts: a quiet watch is not a hung server. A request that
+timed out is not sent again (urllib3 would retry it once: twice the wait).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import urllib3
 from kubernetes import client, config, watch  # type: ignore[import-untyped]
 from kubernetes.client.rest import ApiException  # type: ignore[import-untyped]
 from kubernetes.config.config_exception import ConfigException  # type: ignore[import-untyped]
 
+from elastic_job_cli import kubeconfig, promtext
 from elastic_job_cli import objects as o
-from elastic_job_cli import promtext
+from elastic_job_cli.objects import Release
+from elastic_job_cli.options import Access, seconds_text
+
+if TYPE_CHECKING:
+    from typing import Self
+
+    from urllib3.connectionpool import ConnectionPool
+    from urllib3.response import BaseHTTPResponse
 
 Obj = dict[str, Any]
 
@@ -32,6 +51,12 @@ EXIT_FORBIDDEN = 4
 EXIT_UNREACHABLE = 5
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+#: A pod's /metrics through the API server's proxy: at most this long (seconds), whatever
+#: --request-timeout says; a pod that does not answer leaves its columns empty.
+METRICS_TIMEOUT = 5.0
+#: Pods whose metrics are read at once (`list` reads every pod of every job); below the
+#: client's connection pool (5 per CPU) so that no connection is thrown away.
+METRICS_PARALLEL = 8
 
 
 class CommandError(Exception):
@@ -42,24 +67,6 @@ class CommandError(Exception):
         self.code = code
 
 
-@dataclass(frozen=True)
-class Release:
-    name: str
-    namespace: str
-    statefulsets: list[Obj]
-    pods: list[Obj]
-
-    @property
-    def names(self) -> set[str]:
-        """The StatefulSets' names and every pod name they make (for Events): the ordinals
-        up to their replicas, and at least 16, so that the Events of pods a scale-down
-        removed still count."""
-        out = {o.name(s) for s in self.statefulsets} | {o.name(p) for p in self.pods}
-        for s in self.statefulsets:
-            out |= {f"{o.name(s)}-{i}" for i in range(max(int(s["spec"].get("replicas") or 0), 16))}
-        return out
-
-
 def _status_message(exc: ApiException) -> str:
     try:
         return str(json.loads(exc.body)["message"])
@@ -67,40 +74,99 @@ def _status_message(exc: ApiException) -> str:
         return str(exc.reason)
 
 
+class _Retry(urllib3.Retry):
+    """urllib3's retries less the one after a timeout: a server that did not answer within
+    --request-timeout is not asked again (kubectl does not ask again either), so that the
+    command ends within the timeout and not twice it. A refused or dropped connection (a
+    pooled one the server closed) is still tried once more."""
+
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: BaseHTTPResponse | None = None,
+        error: Exception | None = None,
+        _pool: ConnectionPool | None = None,
+        _stacktrace: TracebackType | None = None,
+    ) -> Self:
+        if isinstance(error, urllib3.exceptions.TimeoutError):
+            raise urllib3.exceptions.MaxRetryError(_pool, url, error) from error  # type: ignore[arg-type]
+        return super().increment(method, url, response, error, _pool, _stacktrace)
+
+
+def _no_read_timeout(resp: Any) -> Any:
+    """A stream's response once its headers came: its reads wait as long as the stream
+    lasts (the socket's timeout was the read timeout, t)."""
+    sock = getattr(getattr(resp, "connection", None), "sock", None)
+    if sock is not None:
+        sock.settimeout(None)
+    return resp
+
+
 class Kube:
-    def __init__(self, api: Any, namespace: str, server: str) -> None:
+    def __init__(
+        self,
+        api: Any,
+        namespace: str,
+        server: str,
+        *,
+        timeout: float | None,
+        all_namespaces: bool = False,
+    ) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.namespace = namespace
         self.server = server
+        #: Seconds to wait for the API server (--request-timeout); None: for ever.
+        self.timeout = timeout
+        self.all_namespaces = all_namespaces
+
+    @property
+    def request_timeout(self) -> tuple[float, float] | None:
+        """The client's `_request_timeout`: (connect, read)."""
+        return None if self.timeout is None else (self.timeout, self.timeout)
+
+    @property
+    def metrics_timeout(self) -> tuple[float, float]:
+        t = min(METRICS_TIMEOUT, self.timeout or METRICS_TIMEOUT)
+        return (t, t)
 
     # -- errors ------------------------------------------------------------------------------
-
-    #: Seconds a request may take (not a watch or a log follow): a cluster that went away
-    #: must end the command, not hang it.
-    timeout = 15.0
 
     def call(
         self, verb: str, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> Any:
-        """`fn(*args, **kwargs)`; a refusal becomes a CommandError naming the RBAC verb."""
-        if not kwargs.get("follow") and not kwargs.get("watch"):
-            kwargs.setdefault("_request_timeout", self.timeout)
+        """`fn(*args, **kwargs)` within the request timeout; a refusal becomes a
+        CommandError naming the RBAC verb, a timeout or a lost server one line (exit 5)."""
+        kwargs.setdefault("_request_timeout", self.request_timeout)
         try:
             return fn(*args, **kwargs)
         except ApiException as exc:
             raise self.error(exc, verb, resource) from None
         except urllib3.exceptions.HTTPError as exc:
-            raise CommandError(
-                f"cannot reach the API server at {self.server}: {exc}; check --context and "
-                "--kubeconfig (kubectl cluster-info)",
+            raise self.unreachable(exc) from None
+
+    def unreachable(self, exc: urllib3.exceptions.HTTPError) -> CommandError:
+        reason = getattr(exc, "reason", None) or exc
+        if isinstance(reason, urllib3.exceptions.TimeoutError):
+            return CommandError(
+                f"the API server at {self.server} did not answer within "
+                f"{seconds_text(self.timeout)} (--request-timeout): check that it is up "
+                "(kubectl cluster-info), or pass a longer --request-timeout",
                 EXIT_UNREACHABLE,
-            ) from None
+            )
+        return CommandError(
+            f"cannot reach the API server at {self.server}: {reason}; check --context and "
+            "--kubeconfig (kubectl cluster-info)",
+            EXIT_UNREACHABLE,
+        )
 
     def error(self, exc: ApiException, verb: str, resource: str) -> CommandError:
         message = _status_message(exc)
-        scope = "" if resource == "nodes" else f" -n {self.namespace}"
+        scope = (
+            "" if resource == "nodes" else " -A" if self.all_namespaces else f" -n {self.namespace}"
+        )
         if exc.status == 403:
             return CommandError(
                 f"{message}: ask for a Role granting {verb} on {resource} "
@@ -119,8 +185,18 @@ class Kube:
         self, verb: str, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> Obj:
         resp = self.call(verb, resource, fn, *args, _preload_content=False, **kwargs)
-        data: Obj = json.loads(resp.data)
+        try:
+            body = resp.data  # the body is read here, within the same timeout
+        except urllib3.exceptions.HTTPError as exc:
+            raise self.unreachable(exc) from None
+        data: Obj = json.loads(body)
         return data
+
+    def open_stream(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`fn` for a stream (`follow=True`): the urllib3 response once the server
+        answered within the timeout, its reads then unbounded."""
+        resp = fn(*args, _preload_content=False, _request_timeout=self.request_timeout, **kwargs)
+        return _no_read_timeout(resp)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -166,6 +242,30 @@ class Kube:
         )["items"]
         return items
 
+    # -- every release (list) ----------------------------------------------------------------
+
+    def workers(self) -> tuple[list[Obj], list[Obj], list[Obj]]:
+        """Every elastic-job worker StatefulSet and pod in the namespace (every namespace
+        with -A), and the workers' JobCompleted Events: three list requests, whatever the
+        number of jobs."""
+        workers = {"label_selector": o.all_workers_selector()}
+        done = {"field_selector": f"reason={o.JOB_COMPLETED}"}
+        if self.all_namespaces:
+            sts = self.json(
+                "list", "statefulsets.apps", self.apps.list_stateful_set_for_all_namespaces,
+                **workers,
+            )  # fmt: skip
+            pods = self.json("list", "pods", self.core.list_pod_for_all_namespaces, **workers)
+            events = self.json("list", "events", self.core.list_event_for_all_namespaces, **done)
+        else:
+            ns = self.namespace
+            sts = self.json(
+                "list", "statefulsets.apps", self.apps.list_namespaced_stateful_set, ns, **workers
+            )
+            pods = self.json("list", "pods", self.core.list_namespaced_pod, ns, **workers)
+            events = self.json("list", "events", self.core.list_namespaced_event, ns, **done)
+        return sts["items"], pods["items"], events["items"]
+
     def metrics(self, pod: Obj) -> tuple[dict[str, float] | None, str]:
         """The worker's /metrics through the pod proxy; (None, why) when not readable."""
         if not o.has_metrics_port(pod):
@@ -174,7 +274,10 @@ class Kube:
             return None, "on"
         try:
             text = self.core.connect_get_namespaced_pod_proxy_with_path(
-                f"{o.name(pod)}:{o.METRICS_PORT}", self.namespace, "metrics", _request_timeout=5
+                f"{o.name(pod)}:{o.METRICS_PORT}",
+                pod["metadata"].get("namespace") or self.namespace,
+                "metrics",
+                _request_timeout=self.metrics_timeout,
             )
         except ApiException as exc:
             if exc.status == 403:
@@ -184,47 +287,111 @@ class Kube:
             return None, "on"
         return promtext.parse(str(text)), "on"
 
+    def metrics_of(self, pods: list[Obj]) -> dict[str, tuple[dict[str, float] | None, str]]:
+        """metrics() of many pods, METRICS_PARALLEL at a time, by pod uid."""
+        if not pods:
+            return {}
+        with ThreadPoolExecutor(min(METRICS_PARALLEL, len(pods))) as pool:
+            found = list(pool.map(self.metrics, pods))
+        return {p["metadata"]["uid"]: m for p, m in zip(pods, found, strict=True)}
+
     def stream(
         self, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> Iterator[Obj]:
         """Watch changes as raw dicts: {"type": ..., "object": {...}}."""
+
+        @functools.wraps(fn)  # the client's Watch reads fn's docstring
+        def opened(*a: Any, **kw: Any) -> Any:
+            return _no_read_timeout(fn(*a, **kw))
+
         w = watch.Watch()
         try:
-            yield from w.stream(fn, *args, _preload_content=False, **kwargs)
+            yield from w.stream(
+                opened,
+                *args,
+                _preload_content=False,
+                _request_timeout=self.request_timeout,
+                **kwargs,
+            )
         except ApiException as exc:
             raise self.error(exc, "watch", resource) from None
         except urllib3.exceptions.HTTPError as exc:
+            if isinstance(getattr(exc, "reason", None) or exc, urllib3.exceptions.TimeoutError):
+                raise self.unreachable(exc) from None
             raise CommandError(f"watching {resource} stopped: {exc}", EXIT_UNREACHABLE) from None
 
 
-def connect(kubeconfig: str | None, context: str | None, namespace: str | None) -> Kube:
-    """kubectl's rules: --kubeconfig, else KUBECONFIG, else ~/.kube/config, else in-cluster;
-    the namespace from -n, else the context's, else the pod's, else default."""
+def connect(access: Access) -> Kube:
+    """kubectl's rules: --kubeconfig, else KUBECONFIG (merged), else ~/.kube/config, else
+    in-cluster; the namespace from -n, else the context's, else the pod's, else default."""
     cfg = client.Configuration()
     ctx_namespace = ""
-    path = (
-        kubeconfig
-        or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
-        or str(Path.home() / ".kube" / "config")
-    )
     try:
-        if kubeconfig or Path(path).exists() or context:
-            config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
-            _, current = config.list_kube_config_contexts(config_file=path)
-            if context:
-                contexts, _ = config.list_kube_config_contexts(config_file=path)
-                current = next((c for c in contexts if c["name"] == context), current)
-            ctx_namespace = (current.get("context") or {}).get("namespace", "")
-        else:
-            config.load_incluster_config(client_configuration=cfg)
-            if _SA_NAMESPACE.exists():
-                ctx_namespace = _SA_NAMESPACE.read_text().strip()
-    except (ConfigException, OSError) as exc:
-        where = f"--kubeconfig {kubeconfig}" if kubeconfig else f"kubeconfig {path}"
+        found = kubeconfig.load(access.kubeconfig, os.environ.get("KUBECONFIG"), Path.home())
+    except kubeconfig.KubeconfigError as exc:
         raise CommandError(
-            f"no cluster access: {where}: {exc}; pass --kubeconfig or --context "
-            "(kubectl config get-contexts)",
+            f"no cluster access: {exc}; fix it or pass another --kubeconfig (`kubectl config "
+            "view` shows what kubectl reads)",
             EXIT_USAGE,
         ) from None
-    cfg.retries = 1
-    return Kube(client.ApiClient(cfg), namespace or ctx_namespace or "default", cfg.host)
+    if found is None and access.context:
+        raise CommandError(
+            f"--context {access.context}: no kubeconfig to find it in (--kubeconfig, KUBECONFIG "
+            "or ~/.kube/config)",
+            EXIT_USAGE,
+        )
+    if found is not None:
+        ctx_namespace = _load_kubeconfig(found, access.context, cfg)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except ConfigException as exc:
+            raise CommandError(
+                f"no cluster access: no kubeconfig (--kubeconfig, KUBECONFIG, ~/.kube/config) "
+                f"and not in a pod ({exc}); pass --kubeconfig or --context "
+                "(kubectl config get-contexts)",
+                EXIT_USAGE,
+            ) from None
+        if _SA_NAMESPACE.exists():
+            ctx_namespace = _SA_NAMESPACE.read_text().strip()
+    cfg.retries = _Retry(total=1)
+    return Kube(
+        client.ApiClient(cfg),
+        access.namespace or ctx_namespace or "default",
+        cfg.host,
+        timeout=access.request_timeout,
+        all_namespaces=access.all_namespaces,
+    )
+
+
+def _load_kubeconfig(found: kubeconfig.Kubeconfig, context: str | None, cfg: Any) -> str:
+    """Load `found` into `cfg` for `context` (else its current context); that context's
+    namespace."""
+    name = context or found.config.get("current-context")
+    if not name:
+        raise CommandError(
+            f"{found.source} sets no current-context: pass --context (its contexts: "
+            f"{', '.join(found.context_names) or 'none'}) or run kubectl config use-context",
+            EXIT_USAGE,
+        )
+    body = found.context(name)
+    if body is None:
+        flag = "--context" if context else "current-context"
+        raise CommandError(
+            f"{flag} {name!r} is not a context of {found.source} (its contexts: "
+            f"{', '.join(found.context_names) or 'none'}): kubectl config get-contexts",
+            EXIT_USAGE,
+        )
+    try:
+        config.load_kube_config_from_dict(
+            found.config, context=name, client_configuration=cfg, persist_config=False
+        )
+    # What the client raises for an entry it cannot use: a missing cluster or user, a
+    # certificate file that is not there, data that is not base64, a field of a wrong type.
+    except (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise CommandError(
+            f"no cluster access: {found.source}, context {name!r}: {exc or type(exc).__name__}; "
+            "fix it or pass another --context (kubectl config view --minify)",
+            EXIT_USAGE,
+        ) from None
+    return str(body.get("namespace") or "")

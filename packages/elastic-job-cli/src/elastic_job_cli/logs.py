@@ -104,9 +104,9 @@ class Follower:
 
     def _run(self) -> None:
         try:
-            self._resp = self.kube.core.read_namespaced_pod_log(
-                self.pod, self.kube.namespace, container=o.WORKER_CONTAINER, follow=True,
-                _preload_content=False, **self.params,
+            self._resp = self.kube.open_stream(
+                self.kube.core.read_namespaced_pod_log, self.pod, self.kube.namespace,
+                container=o.WORKER_CONTAINER, follow=True, **self.params,
             )  # fmt: skip
             partial = b""
             for chunk in self._resp.stream(4096, decode_content=False):
@@ -140,7 +140,7 @@ def job_complete(kube: Kube, release: str) -> bool:
     names = {o.name(s) for s in sts}
     events = kube.events()
     return any(
-        e.get("reason") == "JobCompleted" and (e.get("involvedObject") or {}).get("name") in names
+        e.get("reason") == o.JOB_COMPLETED and (e.get("involvedObject") or {}).get("name") in names
         for e in events
     )
 
@@ -324,7 +324,7 @@ class Saver:
                 self.kube.namespace,
                 container=o.WORKER_CONTAINER,
                 previous=True,
-                _request_timeout=self.kube.timeout,
+                _request_timeout=self.kube.request_timeout,
             )
         except Exception:  # noqa: BLE001 - not kept (yet): try again next time
             return

@@ -21,9 +21,27 @@ WORKER_CONTAINER = "worker"
 METRICS_PORT = "metrics"
 
 
+#: The workers' Event when the job is complete (images/worker events.py).
+JOB_COMPLETED = "JobCompleted"
+
+
+def all_workers_selector() -> str:
+    """The label selector of every release's worker StatefulSets and pods."""
+    return f"{PART_OF}=elastic-job,{COMPONENT}={WORKER}"
+
+
 def worker_selector(release: str) -> str:
     """The label selector of a release's worker StatefulSets and pods."""
-    return f"{INSTANCE}={release},{PART_OF}=elastic-job,{COMPONENT}={WORKER}"
+    return f"{INSTANCE}={release},{all_workers_selector()}"
+
+
+def release_of(obj: Obj) -> str:
+    """The Helm release a worker StatefulSet or pod belongs to."""
+    return labels(obj).get(INSTANCE, "")
+
+
+def namespace(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("namespace") or "")
 
 
 def labels(obj: Obj) -> dict[str, str]:
@@ -83,6 +101,24 @@ def limits(statefulsets: list[Obj]) -> Limits:
 def owned_by(pod: Obj, sts_names: set[str]) -> bool:
     refs = pod["metadata"].get("ownerReferences") or []
     return any(r.get("kind") == "StatefulSet" and r.get("name") in sts_names for r in refs)
+
+
+@dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+    statefulsets: list[Obj]
+    pods: list[Obj]
+
+    @property
+    def names(self) -> set[str]:
+        """The StatefulSets' names and every pod name they make (for Events): the ordinals
+        up to their replicas, and at least 16, so that the Events of pods a scale-down
+        removed still count."""
+        out = {name(s) for s in self.statefulsets} | {name(p) for p in self.pods}
+        for s in self.statefulsets:
+            out |= {f"{name(s)}-{i}" for i in range(max(int(s["spec"].get("replicas") or 0), 16))}
+        return out
 
 
 # -- nodes -------------------------------------------------------------------------------
