@@ -278,6 +278,20 @@ def test_the_workers_own_metrics_parse() -> None:
     assert parsed["elastic_job_reforms_total"] == 0
 
 
+def test_the_labels_that_name_the_job_and_pod_are_not_read() -> None:
+    """A scrape or a chart that renames the workers' `job` label (kube-prometheus-stack
+    keeps `job` for the scrape) changes nothing the command reads."""
+    m = JobMetrics(Identity("run42", "default", "run42-w-0"))
+    t = Tracker(m, 2, 3, 5, clock=lambda: 0.0)
+    t.torchrun_started()
+    t.attempt(Attempt("r", 2, 0, 3, 3, 9))
+    text = generate_latest(m.registry).decode()
+    renamed = text.replace('job="run42"', 'elastic_job="run42"').replace('pod="', 'worker_pod="')
+    assert renamed != text
+    assert promtext.parse(renamed) == promtext.parse(text)
+    assert promtext.parse(text)["elastic_job_torchrun_restarts_remaining"] == 3
+
+
 def test_pods_that_trained_and_wait_again_are_a_reform_not_the_gate() -> None:
     waiting = {f"run42-w-{i}": metrics("waiting_rendezvous", -1, 0) for i in (0, 1)}
     assert derive([pod("run42-w-0"), pod("run42-w-1")], waiting).state == "re-forming"

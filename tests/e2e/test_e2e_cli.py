@@ -2,11 +2,11 @@
 and Events on, its API server reached from the host through the kubeconfig the run writes.
 
 While it trains the test evicts the pod of rank 0 (as `kubectl drain` does) and keeps it
-away until the others re-form, and later SIGKILLs another pod; it checks status during
-training and after the eviction, `logs --rank0 -f` saying that rank 0 moved and following
-the new one to the end, `events` listing the eviction, the kill and the re-forms in time
-order, `logs --save` keeping the evicted pod's log, and `cost` priced on the fixtures'
-node labels.
+away until the others re-form, and later SIGKILLs another pod; it checks status and list
+during training, status after the eviction, `logs --rank0 -f` saying that rank 0 moved
+and following the new one to the end, `events` listing the eviction, the kill and the
+re-forms in time order, `logs --save` keeping the evicted pod's log, and `cost` priced on
+the fixtures' node labels.
 """
 
 from __future__ import annotations
@@ -148,6 +148,7 @@ def test_the_command_on_a_real_job_across_evictions_that_move_rank_0(tmp_path: P
         assert all(p["state"] == "training" and p["node"] for p in during["pods"]), during
         text = cli(kubeconfig, "status", RELEASE).stdout
         assert text.startswith(f"job {RELEASE} (namespace default): training, world size 3")
+        assert_list(kubeconfig, during)
 
         followers.append(background(kubeconfig, "logs", RELEASE, "--rank0", "-f", "--tail", "5",
                                     out=tmp_path / "rank0.txt"))  # fmt: skip
@@ -184,6 +185,21 @@ def test_the_command_on_a_real_job_across_evictions_that_move_rank_0(tmp_path: P
             runner.wait(timeout=120)
 
     assert_what_the_followers_kept(tmp_path, rank0, evicted, save)
+
+
+def assert_list(kubeconfig: Path, during: dict[str, Any]) -> None:
+    # -- list while it trains: the job in one row, from the same metrics as status
+    listed = cli(kubeconfig, "list", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [i for i in json.loads(listed.stdout)["items"] if i["name"] == RELEASE]
+    assert (row["namespace"], row["state"], row["world_size"]) == ("default", "training", 3), row
+    assert (row["min_nodes"], row["max_nodes"], row["metrics"]) == (2, 3, "on"), row
+    assert row["rounds"] == during["round"] and row["restarts_left"] == during["restarts_left"]
+    assert isinstance(row["restarts_left"], int) and row["age_seconds"] > 0, row
+    table = cli(kubeconfig, "list", "-A").stdout.splitlines()
+    assert table[0].split() == ["NAMESPACE", "NAME", "STATE", "WORLD", "MIN", "MAX", "ROUNDS",
+                                "RESTARTS-LEFT", "AGE"], table  # fmt: skip
+    assert table[1].split()[:6] == ["default", RELEASE, "training", "3", "2", "3"], table
 
 
 def assert_cost(kubeconfig: Path, tmp_path: Path) -> None:

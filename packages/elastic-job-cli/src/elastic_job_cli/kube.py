@@ -370,15 +370,16 @@ def _load_kubeconfig(found: kubeconfig.Kubeconfig, context: str | None, cfg: Any
     name = context or found.config.get("current-context")
     if not name:
         raise CommandError(
-            f"{found.source} sets no current-context: pass --context (its contexts: "
-            f"{', '.join(found.context_names) or 'none'}) or run kubectl config use-context",
+            f"no cluster access: {found.source} sets no current-context: pass --context "
+            f"(its contexts: {', '.join(found.context_names) or 'none'}) or run kubectl "
+            "config use-context",
             EXIT_USAGE,
         )
     body = found.context(name)
     if body is None:
         flag = "--context" if context else "current-context"
         raise CommandError(
-            f"{flag} {name!r} is not a context of {found.source} (its contexts: "
+            f"no cluster access: {flag} {name!r} is not a context of {found.source} (its contexts: "
             f"{', '.join(found.context_names) or 'none'}): kubectl config get-contexts",
             EXIT_USAGE,
         )

@@ -1,5 +1,10 @@
 """The workers' /metrics text (Prometheus exposition, read through the API server's pod
-proxy) -> one value per series name; the state set as `elastic_job_pod_state{state=S}`."""
+proxy) -> one value per series name; the state set as `elastic_job_pod_state{state=S}`.
+
+The one place the command reads metric labels: the state set's, and `le` to skip histogram
+buckets. The labels that name the job, the group and the pod are not read (one pod serves
+one series of each name), so renaming them (e.g. `job` to a label of the project's own)
+changes nothing here."""
 
 from __future__ import annotations
 
