@@ -88,6 +88,18 @@ def test_pods_list_by_label_and_get_deserialize(api: FakeApiServer, core: client
     assert [p.metadata.name for p in core.list_pod_for_all_namespaces().items] == ["w-0", "w-1"]
 
 
+def test_statefulsets_of_one_namespace_and_of_all(api: FakeApiServer) -> None:
+    api.add_statefulset(NS, "run42-w", 2)
+    api.add_statefulset("team-b", "solo-w", 1)
+    with api_client(api) as c:
+        apps = client.AppsV1Api(c)
+        assert [s.metadata.name for s in apps.list_namespaced_stateful_set(NS).items] == ["run42-w"]
+        every = apps.list_stateful_set_for_all_namespaces().items
+    assert [(s.metadata.namespace, s.metadata.name) for s in every] == [
+        (NS, "run42-w"), ("team-b", "solo-w")
+    ]  # fmt: skip
+
+
 def test_unchanged_pods_keep_their_resource_version(api: FakeApiServer) -> None:
     api.publish_pods(NS, [pod("w-0")])
     first = api.store.get("pods", NS, "w-0")
