@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 import yaml
 from cli_cluster import NS, add_release, pod, run, write_kubeconfig
-from elastic_job_cli import cli, options
+from elastic_job_cli import cli, kube, options
 from testlib import ROOT
 
 from localrun.cluster.apiserver import FakeApiServer
 from localrun.cluster.nodes import load_nodes
 
 CLI = [sys.executable, "-m", "elastic_job_cli.cli"]
-EXIT_UNREACHABLE = 5
+EXIT_UNREACHABLE = kube.EXIT_UNREACHABLE
 
 
 @pytest.fixture
@@ -328,6 +328,18 @@ def test_yaml_wherever_json(
     _, docs, _ = run(kubeconfig, "events", "run42", "-o", "yaml", capsys=capsys)
     assert docs.startswith("---\n")
     assert list(yaml.safe_load_all(docs)) == [json.loads(line) for line in lines.splitlines()]
+
+
+def test_the_exit_codes_are_the_documented_ones() -> None:
+    readme = " ".join((ROOT / "packages/elastic-job-cli/README.md").read_text().split())
+    usage = " ".join((cli.__doc__ or "").split())
+    for said in (
+        f"{kube.EXIT_USAGE} usage or no cluster access",
+        f"{kube.EXIT_NOT_FOUND} no such release",
+        f"{kube.EXIT_FORBIDDEN} not allowed",
+        f"{kube.EXIT_UNREACHABLE} API server unreachable or not answering within",
+    ):
+        assert said in readme and said in usage, said
 
 
 def test_version_is_the_release_number(capsys: pytest.CaptureFixture[str]) -> None:
