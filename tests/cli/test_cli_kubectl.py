@@ -291,6 +291,8 @@ def test_kubeconfig_files_are_merged_as_kubectl_merges_them(
     code, _, err = _run_cli("--context", "nope", "status", "run42", env=env)
     assert code == 2 and "--context 'nope' is not a context of KUBECONFIG=" in err
     assert "its contexts: work, elsewhere" in err
+    code, _, err = _run_cli("status", "run42", env={**env, "KUBECONFIG": str(paths[0])})
+    assert code == 2 and f"KUBECONFIG={paths[0]} names no file that exists" in err, err
 
 
 # -- output ---------------------------------------------------------------------------------

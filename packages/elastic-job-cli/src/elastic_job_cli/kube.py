@@ -346,8 +346,10 @@ def connect(access: Access) -> Kube:
         try:
             config.load_incluster_config(client_configuration=cfg)
         except ConfigException as exc:
+            env = os.environ.get("KUBECONFIG")
+            none = f"KUBECONFIG={env} names no file that exists" if env else "no kubeconfig"
             raise CommandError(
-                f"no cluster access: no kubeconfig (--kubeconfig, KUBECONFIG, ~/.kube/config) "
+                f"no cluster access: {none} (--kubeconfig, KUBECONFIG, ~/.kube/config) "
                 f"and not in a pod ({exc}); pass --kubeconfig or --context "
                 "(kubectl config get-contexts)",
                 EXIT_USAGE,
