@@ -11,6 +11,7 @@ replaced an installed 37.0.2 with 35.0.0.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,9 +54,12 @@ def _pip(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The command's wheel, built from this tree by the dev venv's setuptools (no network)."""
     out = tmp_path_factory.mktemp("wheel")
+    # A copy: setuptools writes build/ and *.egg-info beside the sources it builds.
+    source = out / "source"
+    shutil.copytree(PACKAGE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "--disable-pip-version-check", "-w", str(out), str(PACKAGE)],
+         "--disable-pip-version-check", "-w", str(out), str(source)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     (built,) = out.glob("elastic_job_cli-*.whl")
