@@ -41,7 +41,7 @@ def expressions() -> list[str]:
 
 def series_the_worker_exports() -> set[str]:
     """Every sample name the worker's registry serves (with _total, _bucket, _info, ...)."""
-    metrics = JobMetrics(Identity("j", "g", "p"))
+    metrics = JobMetrics(Identity("j", "g"))
     metrics.node.info({"node": "n"})
     metrics.last_step().set(1)
     metrics.step_seconds().set(1)

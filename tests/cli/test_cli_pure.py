@@ -268,7 +268,7 @@ def test_gpu_hours_from_the_nodes_capacity_and_unpriced_types_are_named() -> Non
 
 
 def test_the_workers_own_metrics_parse() -> None:
-    m = JobMetrics(Identity("run42", "default", "run42-w-0"))
+    m = JobMetrics(Identity("run42", "default"))
     t = Tracker(m, 2, 3, 5, clock=lambda: 0.0)
     t.torchrun_started()
     t.attempt(Attempt("r", 0, 1, 3, 3, 9))

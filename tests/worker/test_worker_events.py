@@ -107,7 +107,7 @@ def test_a_hanging_api_server_never_blocks_the_worker(tmp_path: Path) -> None:
 
 
 def tracker(notes: list[tuple[str, str, str]], now: list[float]) -> Tracker:
-    metrics = JobMetrics(Identity("run42", "default", "run42-worker-1"))
+    metrics = JobMetrics(Identity("run42", "default"))
     return Tracker(metrics, 2, 3, 5, clock=lambda: now[0], notify=lambda *a: notes.append(a))
 
 

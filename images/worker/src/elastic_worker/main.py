@@ -168,7 +168,7 @@ def _metrics(cfg: config.Config, recorder: events.Recorder) -> metrics.Tracker |
         return None
     from elastic_worker import metrics  # noqa: PLC0415 - only when metrics are on
 
-    job_metrics = metrics.JobMetrics(metrics.Identity(cfg.job_id, cfg.group, cfg.pod_name))
+    job_metrics = metrics.JobMetrics(metrics.Identity(cfg.job_id, cfg.group))
     job_metrics.node.info({"node": cfg.node_name, **dict(cfg.node_info)})
     notify = recorder.record if recorder.enabled else None
     if cfg.metrics:

@@ -1,8 +1,10 @@
 """The pod's Prometheus metrics (docs/contracts.md, "Metrics"), served by prometheus-client.
 
-Every series has the labels job (ELASTIC_JOB_ID), group (ELASTIC_GROUP) and pod
-(POD_NAME), nothing else, so a job with many pods stays a few series per pod; the one
-exception is elastic_job_node_info, one constant series per pod with the node's topology.
+Every series has the labels elastic_job (ELASTIC_JOB_ID) and group (ELASTIC_GROUP), nothing
+else: the scrape adds the pod's own (namespace, pod, and the scrape's job), so the names are
+ours and never clash with a target label (kube-prometheus-stack scrapes without
+honorLabels). A job with many pods stays a few series per pod; the one exception is
+elastic_job_node_info, one constant series per pod with the node's topology.
 `Tracker` turns what the worker sees (its own gate, the attempt lines, the training
 process of each attempt, the optional progress file) into the values; it takes the
 clock as an argument so its rules are tested without waiting.
@@ -29,7 +31,7 @@ from prometheus_client.exposition import start_http_server
 
 from elastic_worker.attempt import Attempt
 
-LABELS = ("job", "group", "pod")
+LABELS = ("elastic_job", "group")
 STATES = ("gating", "waiting_rendezvous", "training", "spare", "completed", "failed")
 # Re-form durations: the measured floor is ~5 s (docs/recovery.md); torch's defaults
 # take ~50 s; a stuck rendezvous runs into the join timeout (600 s).
@@ -40,7 +42,6 @@ REFORM_BUCKETS = (1, 2.5, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600)
 class Identity:
     job: str
     group: str
-    pod: str
 
 
 class JobMetrics:
@@ -48,7 +49,7 @@ class JobMetrics:
 
     def __init__(self, who: Identity, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        values = (who.job, who.group, who.pod)
+        values = (who.job, who.group)
         reg = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
