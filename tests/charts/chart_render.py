@@ -26,7 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 CHARTS = ROOT / "charts"
 ELASTIC_JOB = CHARTS / "elastic-job"
 ETCD = CHARTS / "etcd-rendezvous"
+# What a cluster admin installs once for every job (the node reader, alerts, dashboard).
+CLUSTER = CHARTS / "elastic-job-cluster"
 EXAMPLES = ROOT / "values-examples"
+# values-examples for the cluster chart (the files directly in EXAMPLES are elastic-job's).
+CLUSTER_EXAMPLES = EXAMPLES / "cluster"
 # Configurations only the tests render (they need Secrets or an outside etcd to install).
 TEST_VALUES = Path(__file__).resolve().parent / "values"
 TOOLS = ROOT / ".tools"
@@ -54,15 +58,18 @@ class Case:
 
 
 def cases() -> list[Case]:
-    """Defaults of both charts, each chart's ci/*-values.yaml, each values-examples file and
+    """Defaults of every chart, each chart's ci/*-values.yaml, each values-examples file and
     the test-only values in tests/charts/values/."""
     out: list[Case] = []
-    for chart in (ETCD, ELASTIC_JOB):
+    for chart in (ETCD, ELASTIC_JOB, CLUSTER):
         out.append(Case(f"{chart.name}:defaults", chart))
         for values in sorted((chart / "ci").glob("*-values.yaml")):
             out.append(Case(f"{chart.name}:ci/{values.name}", chart, (values,)))
     for values in sorted(EXAMPLES.glob("*.yaml")):
         out.append(Case(f"elastic-job:values-examples/{values.name}", ELASTIC_JOB, (values,)))
+    for values in sorted(CLUSTER_EXAMPLES.glob("*.yaml")):
+        case = f"elastic-job-cluster:values-examples/cluster/{values.name}"
+        out.append(Case(case, CLUSTER, (values,)))
     for values in sorted(TEST_VALUES.glob("*.yaml")):
         out.append(Case(f"elastic-job:tests/{values.name}", ELASTIC_JOB, (values,)))
     return out

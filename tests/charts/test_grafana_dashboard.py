@@ -1,6 +1,6 @@
-"""templates/grafana-dashboard.yaml and dashboards/elastic-job.json: the Grafana dashboard
-ConfigMap for the sidecar (monitoring.dashboard.*), and queries that name only series
-that exist and that Prometheus parses."""
+"""elastic-job-cluster templates/grafana-dashboard.yaml and dashboards/elastic-job.json: the
+Grafana dashboard of every job (namespace and job variables), as a ConfigMap for the sidecar
+(dashboard.*), with queries that name only series that exist and that Prometheus parses."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_render import ELASTIC_JOB, NAMESPACE, RELEASE, objects, render_error
+from chart_render import CLUSTER, ELASTIC_JOB, NAMESPACE, RELEASE, objects, render_error
 from elastic_worker.metrics import Identity, JobMetrics
 
-DASHBOARD = ELASTIC_JOB / "dashboards" / "elastic-job.json"
-ON = ["monitoring.dashboard.enabled=true"]
+DASHBOARD = CLUSTER / "dashboards" / "elastic-job.json"
+ON = ["dashboard.enabled=true"]
 # kube-state-metrics' standard series the dashboard may use (none today; the node's
 # capacity type comes from the worker's own elastic_job_node_info).
 KUBE_STATE_METRICS: set[str] = set()
 # Grafana's variables and macros, as Prometheus would see them once Grafana filled them in.
-GRAFANA = {"$job": ".*", "$__rate_interval": "2m", "$__range": "6h"}
+GRAFANA = {"$namespace": ".*", "$job": ".*", "$__rate_interval": "2m", "$__range": "6h"}
 
 
 def dashboard_configmaps(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -49,24 +49,26 @@ def series_the_worker_exports() -> set[str]:
     return {s.name for family in metrics.registry.collect() for s in family.samples}
 
 
-def test_off_by_default() -> None:
-    assert dashboard_configmaps(objects(ELASTIC_JOB)) == []
+def test_off_by_default_and_never_in_a_jobs_release() -> None:
+    """The cluster chart renders it when asked; a per-job release has no dashboard at all."""
+    assert dashboard_configmaps(objects(CLUSTER)) == []
+    assert dashboard_configmaps(objects(ELASTIC_JOB, sets=["monitoring.enabled=true"])) == []
 
 
 def test_the_configmap_holds_the_charts_dashboard_file_with_the_sidecars_label() -> None:
     (cm,) = dashboard_configmaps(
         objects(
-            ELASTIC_JOB,
+            CLUSTER,
             sets=[
                 *ON,
-                "monitoring.dashboard.sidecarLabel=dashboards.example.com/grafana",
-                "monitoring.dashboard.sidecarLabelValue=ml",
-                "monitoring.dashboard.namespace=grafana",
-                "monitoring.dashboard.annotations.grafana_folder=Training",
+                "dashboard.sidecarLabel=dashboards.example.com/grafana",
+                "dashboard.sidecarLabelValue=ml",
+                "dashboard.namespace=grafana",
+                "dashboard.annotations.grafana_folder=Training",
             ],
         )
     )
-    assert cm["metadata"]["name"] == f"{RELEASE}-elastic-job-dashboard"
+    assert cm["metadata"]["name"] == f"{RELEASE}-elastic-job-cluster-dashboard"
     assert cm["metadata"]["namespace"] == "grafana"
     assert cm["metadata"]["labels"]["dashboards.example.com/grafana"] == "ml"
     assert cm["metadata"]["annotations"] == {"grafana_folder": "Training"}
@@ -75,31 +77,40 @@ def test_the_configmap_holds_the_charts_dashboard_file_with_the_sidecars_label()
 
 
 def test_defaults_are_kube_prometheus_stacks_sidecar_label_in_the_release_namespace() -> None:
-    (cm,) = dashboard_configmaps(objects(ELASTIC_JOB, sets=ON))
+    (cm,) = dashboard_configmaps(objects(CLUSTER, sets=ON))
     assert cm["metadata"]["namespace"] == NAMESPACE
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert "annotations" not in cm["metadata"]
 
 
 def test_a_sidecar_label_the_chart_sets_itself_is_refused() -> None:
-    err = render_error(
-        ELASTIC_JOB, sets=[*ON, "monitoring.dashboard.sidecarLabel=app.kubernetes.io/name"]
-    )
-    assert "monitoring.dashboard.sidecarLabel" in err.stderr, err.stderr
+    err = render_error(CLUSTER, sets=[*ON, "dashboard.sidecarLabel=app.kubernetes.io/name"])
+    assert "dashboard.sidecarLabel" in err.stderr, err.stderr
 
 
-def test_every_panel_reads_the_datasource_variable_and_the_job_variable() -> None:
+def test_every_panel_reads_the_datasource_and_the_namespace_and_job_variables() -> None:
+    """One dashboard for every job: a `namespace` variable, a `job` variable (the series'
+    `elastic_job` label, never the scrape's `job`) within it, and every query filtered by
+    both and grouped by both."""
     board = json.loads(DASHBOARD.read_text())
     variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert list(variables) == ["datasource", "namespace", "job"]
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    assert variables["job"]["definition"] == "label_values(elastic_job_min_nodes, job)"
+    assert variables["namespace"]["definition"] == "label_values(elastic_job_min_nodes, namespace)"
+    assert variables["job"]["definition"] == (
+        'label_values(elastic_job_min_nodes{namespace=~"$namespace"}, elastic_job)'
+    )
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
     for panel in board["panels"]:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
         for target in panel["targets"]:
-            assert 'job=~"$job"' in target["expr"], (panel["title"], target["expr"])
+            expr = target["expr"]
+            assert '{namespace=~"$namespace", elastic_job=~"$job"' in expr, (panel["title"], expr)
+            assert not re.search(r"\bjob=|\(job[,)]", expr), (panel["title"], expr)
+            for by in re.findall(r"\bby \(([^)]*)\)", expr):
+                assert {"namespace", "elastic_job"} <= {b.strip() for b in by.split(",")}, expr
 
 
 def test_every_query_names_only_series_the_worker_or_kube_state_metrics_export() -> None:

@@ -96,9 +96,10 @@ def _metadata_free(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_crd_objects_validate_against_upstream_crd_schemas() -> None:
-    """PodGroup (gang.volcano.enabled), LocalQueue (gang.kueue.localQueue.create) and
-    Certificate (etcd-rendezvous.tls.certManager) against the upstream CRDs'
-    openAPIV3Schema, unknown fields refused, for every configuration that renders one."""
+    """PodGroup (gang.volcano.enabled), LocalQueue (gang.kueue.localQueue.create),
+    Certificate (etcd-rendezvous.tls.certManager), PodMonitor and PrometheusRule (the
+    elastic-job-cluster chart) against the upstream CRDs' openAPIV3Schema, unknown fields
+    refused, for every configuration that renders one."""
     shared = shared_dir()
     if shared is None:
         pytest.skip(
@@ -123,7 +124,9 @@ def test_crd_objects_validate_against_upstream_crd_schemas() -> None:
     assert any("etcd-monitoring.yaml: ServiceMonitor" in c for c in checked), checked
     assert any("kueue-local-queue.yaml: LocalQueue" in c for c in checked), checked
     assert any("monitoring.yaml: PodMonitor" in c for c in checked), checked
-    assert any("monitoring.yaml: PrometheusRule" in c for c in checked), checked
+    cluster = "elastic-job-cluster:ci/monitoring-values.yaml"
+    assert f"{cluster}: PodMonitor" in checked, checked
+    assert f"{cluster}: PrometheusRule" in checked, checked
 
 
 def test_crd_check_refuses_an_unknown_podgroup_field() -> None:

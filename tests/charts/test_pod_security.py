@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_render import ELASTIC_JOB, EXAMPLES, Case, cases, objects, worker_statefulsets
-from pod_security import claimed_level, level, pod_level
+from chart_render import CLUSTER, ELASTIC_JOB, EXAMPLES, Case, cases, objects, worker_statefulsets
+from pod_security import claimed_level, level, pod_level, pod_templates
 
 OVERLAYS = EXAMPLES / "overlays"
 ROOT_FALLBACK = OVERLAYS / "rdma-root-ipc-lock.yaml"
@@ -98,7 +98,14 @@ _UNCLAIMED = [
     for c in cases()
     if not c.name.startswith("elastic-job:values-examples/")
     and c.name not in _PRIVILEGED_ON_PURPOSE
+    and c.chart != CLUSTER  # runs no pod (next test)
 ]
+
+
+@pytest.mark.parametrize("case", [c for c in cases() if c.chart == CLUSTER], ids=str)
+def test_the_cluster_chart_runs_no_pod(case: Case) -> None:
+    """elastic-job-cluster holds RBAC, monitoring objects and a ConfigMap: no pod to judge."""
+    assert not list(pod_templates(objects(case)))
 
 
 @pytest.mark.parametrize(("name", "why"), sorted(_PRIVILEGED_ON_PURPOSE.items()))

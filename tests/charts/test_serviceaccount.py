@@ -6,14 +6,11 @@ from chart_render import ELASTIC_JOB, objects, of_kind, one, worker_statefulsets
 
 
 def test_each_part_switches_off() -> None:
-    """rbac.nodeReader.enabled, rbac.scaleDown.enabled and serviceAccount.create."""
+    """rbac.scaleDown.enabled and serviceAccount.create (the node reader is the
+    elastic-job-cluster chart's, never a release's)."""
     objs = objects(
         ELASTIC_JOB,
-        sets=[
-            "rbac.nodeReader.enabled=false",
-            "rbac.scaleDown.enabled=false",
-            "serviceAccount.create=false",
-        ],
+        sets=["rbac.scaleDown.enabled=false", "serviceAccount.create=false"],
     )
     for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"):
         assert not of_kind(objs, kind), kind

@@ -23,8 +23,8 @@ MULTIGROUP = ELASTIC_JOB / "ci" / "multigroup-values.yaml"
 
 def test_the_pod_monitor_scrapes_the_metrics_port_of_every_worker_group() -> None:
     """monitoring.podMonitor.enabled: the PodMonitor selects the worker pods of every group
-    in the release's namespace, on the container port named `metrics`, keeping the series'
-    own job label (honorLabels); interval and extra labels as set."""
+    in the release's namespace, on the container port named `metrics`, without honorLabels
+    (the series' labels are not target labels); interval and extra labels as set."""
     objs = objects(
         ELASTIC_JOB,
         values=[MULTIGROUP],
@@ -45,7 +45,6 @@ def test_the_pod_monitor_scrapes_the_metrics_port_of_every_worker_group() -> Non
             "path": "/metrics",
             "scheme": "http",
             "interval": "15s",
-            "honorLabels": True,
         }
     ]
     statefulsets = worker_statefulsets(objs)
@@ -68,7 +67,7 @@ def test_the_pod_monitor_scrapes_the_metrics_port_of_every_worker_group() -> Non
 
 
 def test_monitoring_off_by_default_no_port_no_monitor_metrics_off() -> None:
-    """Defaults: no PodMonitor, no PrometheusRule, no metrics port, ELASTIC_METRICS=false."""
+    """Defaults: no PodMonitor, no metrics port, ELASTIC_METRICS=false."""
     objs = objects(ELASTIC_JOB)
     assert not of_kind(objs, "PodMonitor") and not of_kind(objs, "PrometheusRule")
     worker = container(worker_statefulsets(objs)[0], "worker")
@@ -83,12 +82,31 @@ def test_metrics_without_a_pod_monitor_only_open_the_port() -> None:
     assert container(worker_statefulsets(objs)[0], "worker")["ports"][0]["name"] == "metrics"
 
 
-@pytest.mark.parametrize("what", ["podMonitor", "prometheusRule"])
-def test_a_monitor_or_rule_without_metrics_is_refused_naming_both_values(what: str) -> None:
-    """monitoring.<what>.enabled with monitoring.enabled=false: one error naming both."""
-    err = render_error(ELASTIC_JOB, sets=[f"monitoring.{what}.enabled=true"])
-    assert f"monitoring.{what}.enabled is true but monitoring.enabled is false" in err.stderr
+def test_a_monitor_without_metrics_is_refused_naming_both_values() -> None:
+    """monitoring.podMonitor.enabled with monitoring.enabled=false: one error naming both."""
+    err = render_error(ELASTIC_JOB, sets=["monitoring.podMonitor.enabled=true"])
+    assert "monitoring.podMonitor.enabled is true but monitoring.enabled is false" in err.stderr
     assert "set monitoring.enabled=true" in err.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "cluster_value"),
+    [
+        ("monitoring.prometheusRule.enabled", "prometheusRule.enabled=true"),
+        ("monitoring.dashboard.enabled", "dashboard.enabled=true"),
+        ("rbac.nodeReader.enabled", "nodeReader.namespaces.ml=true"),
+    ],
+)
+def test_a_cluster_wide_part_asked_of_a_release_says_where_it_went(
+    value: str, cluster_value: str
+) -> None:
+    """Values of earlier versions that made cluster-wide objects per release: one error
+    naming the value and the elastic-job-cluster chart's value to use instead; the same
+    keys set false are accepted (an old values file that turned them off)."""
+    err = render_error(ELASTIC_JOB, sets=["monitoring.enabled=true", f"{value}=true"])
+    assert value in err.stderr and "elastic-job-cluster" in err.stderr, err.stderr
+    assert cluster_value in err.stderr, err.stderr
+    assert objects(ELASTIC_JOB, sets=[f"{value}=false"])
 
 
 @pytest.mark.parametrize(
@@ -97,7 +115,6 @@ def test_a_monitor_or_rule_without_metrics_is_refused_naming_both_values(what: s
         ("monitoring.port=0", "monitoring.port"),
         ("monitoring.port=70000", "monitoring.port"),
         ("monitoring.podMonitor.interval=30", "monitoring.podMonitor.interval"),
-        ("monitoring.prometheusRule.restartStorm.window=15 minutes", "window"),
     ],
 )
 def test_bad_monitoring_values_are_refused_by_the_schema(value: str, needle: str) -> None:

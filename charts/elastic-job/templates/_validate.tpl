@@ -119,9 +119,17 @@ none that loads code or says where code is loaded from. */ -}}
 {{- if and $v.mesh.required (not $v.mesh.interfaces) -}}
 {{- fail "mesh.required is true but mesh.interfaces is empty: name the mesh interface globs, e.g. wg*" -}}
 {{- end -}}
-{{- range $what := list "podMonitor" "prometheusRule" -}}
-{{- if and (index $v.monitoring $what).enabled (not $v.monitoring.enabled) -}}
-{{- fail (printf "monitoring.%s.enabled is true but monitoring.enabled is false: the workers serve no metrics then; set monitoring.enabled=true too" $what) -}}
+{{- if and $v.monitoring.podMonitor.enabled (not $v.monitoring.enabled) -}}
+{{- fail "monitoring.podMonitor.enabled is true but monitoring.enabled is false: the workers serve no metrics then; set monitoring.enabled=true too" -}}
+{{- end -}}
+{{- /* What a release no longer creates: cluster-wide objects, written once for every job by
+the elastic-job-cluster chart. The keys stay in the schema only to say where they went. */ -}}
+{{- if ($v.rbac.nodeReader | default dict).enabled -}}
+{{- fail (printf "rbac.nodeReader.enabled: a release creates no cluster-scoped object any more; the node reader (get on nodes, for init-topology) is bound once per namespace by the elastic-job-cluster chart: have a cluster admin run `helm install elastic-job-cluster charts/elastic-job-cluster --set nodeReader.namespaces.%s=true`, and remove rbac.nodeReader from this release's values" .Release.Namespace) -}}
+{{- end -}}
+{{- range $what := list "prometheusRule" "dashboard" -}}
+{{- if (index $v.monitoring $what | default dict).enabled -}}
+{{- fail (printf "monitoring.%s.enabled: the alerts and the dashboard are written once for every job by the elastic-job-cluster chart (grouped by namespace and job): have a cluster admin install it with %s.enabled=true (charts/elastic-job-cluster/README.md), and remove monitoring.%s from this release's values" $what $what $what) -}}
 {{- end -}}
 {{- end -}}
 {{- /* Names the chart sets on the worker container; the user's env must not repeat them. */ -}}

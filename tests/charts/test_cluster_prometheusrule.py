@@ -1,9 +1,10 @@
-"""templates/prometheusrule.yaml: the job's alerts, unit-tested with `promtool test rules`.
+"""elastic-job-cluster templates/prometheusrule.yaml: the alerts of every job, written once
+and grouped by namespace and elastic_job, unit-tested with `promtool test rules`.
 
-The chart's PrometheusRule is rendered with the test-only values in
-tests/charts/values/monitoring.yaml, its groups written to a rules file, and each file in
-tests/charts/alerts/ (one per alert: the series that should fire it, and a healthy job
-that must not) run against it by Debian's promtool (scripts/bootstrap installs it)."""
+The chart's PrometheusRule is rendered (prometheusRule.enabled), its groups written to a
+rules file, and each file in tests/charts/alerts/ (one per alert: the series that should
+fire it, and healthy jobs that must not; the worker series with the labels a scrape gives
+them) run against it by Debian's promtool (scripts/bootstrap installs it)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,17 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_render import ELASTIC_JOB, objects, of_kind, one
+from chart_render import CLUSTER, ELASTIC_JOB, objects, of_kind, one, render_error
 from testlib import ROOT
 
 ALERTS_DIR = Path(__file__).parent / "alerts"
-MONITORING = Path(__file__).parent / "values" / "monitoring.yaml"
+ON = ["prometheusRule.enabled=true"]
 RUNBOOK = ROOT / "docs" / "runbook.md"
 PROMTOOL = shutil.which("promtool")
 
 
-def rule(**kwargs: Any) -> dict[str, Any]:
-    return one(objects(ELASTIC_JOB, values=[MONITORING], **kwargs), "PrometheusRule")
+def rule(sets: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
+    return one(objects(CLUSTER, sets=[*ON, *(sets or [])], **kwargs), "PrometheusRule")
 
 
 def alerts(prometheus_rule: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -69,7 +70,7 @@ def test_every_alert_has_a_test_that_fires_it_and_one_that_does_not() -> None:
     silent: set[str] = set()
     for source in ALERTS_DIR.glob("*.yaml"):
         for case in yaml.safe_load(source.read_text())["tests"]:
-            for check in case["alert_rule_test"]:
+            for check in case.get("alert_rule_test", []):
                 (fired if check.get("exp_alerts") else silent).add(check["alertname"])
     names = set(alerts(rule()))
     assert names == fired, "alerts without a firing test (or tests of no alert)"
@@ -100,25 +101,47 @@ def test_each_alert_has_severity_summary_description_and_a_runbook_section() -> 
         assert anchor == name.lower() and anchor in anchors, f"{name}: no section {anchor}"
 
 
+def test_the_rules_group_by_namespace_and_job_and_never_name_one() -> None:
+    """Written once for every job: each worker-series aggregation keeps namespace and
+    elastic_job (the job id), no selector names a job, a namespace or the scrape's `job`."""
+    for name, alert in alerts(rule()).items():
+        expr = alert["expr"]
+        assert "elastic_job=" not in expr and "namespace=" not in expr, (name, expr)
+        for by in re.findall(r"\b(?:max|min|sum) by \(([^)]*)\) \(\w*\(?elastic_job_", expr):
+            assert {"namespace", "elastic_job"} <= {x.strip() for x in by.split(",")}, (name, by)
+        assert not re.search(r"elastic_job_\w+\{", expr), (name, expr)
+        assert "job" not in alert["labels"], name
+
+
+def test_kube_state_metrics_series_are_selected_by_the_mixin_style_selector() -> None:
+    """prometheusRule.kubeStateMetricsSelector reaches every kube_* selector."""
+    found = alerts(rule(['prometheusRule.kubeStateMetricsSelector=job="ksm"\\,cluster="a"']))
+    kube = [m for a in found.values() for m in re.findall(r"kube_\w+\{([^}]*)\}", a["expr"])]
+    assert len(kube) == 4, kube
+    assert all(m.startswith('job="ksm",cluster="a"') for m in kube), kube
+
+
 def test_thresholds_and_durations_come_from_the_values() -> None:
-    """monitoring.prometheusRule.*: each threshold and duration reaches its expression."""
+    """prometheusRule.*: each threshold and duration reaches its expression."""
     found = alerts(
         rule(
-            sets=[
-                "monitoring.prometheusRule.rendezvousOnGpuNode.for=1h",
-                "monitoring.prometheusRule.worldSizeBelowMin.for=7m",
-                "monitoring.prometheusRule.restartStorm.restarts=9",
-                "monitoring.prometheusRule.restartStorm.window=2h",
-                "monitoring.prometheusRule.rendezvousFlapping.reforms=11",
-                "monitoring.prometheusRule.rendezvousFlapping.window=3h",
-                "monitoring.prometheusRule.trainingStalled.window=45m",
-                "monitoring.prometheusRule.trainingStalled.for=9m",
-                "monitoring.prometheusRule.restartsNearlyExhausted.remaining=4",
-                "monitoring.prometheusRule.runbookUrl=https://wiki.example/runbook.md",
+            [
+                "prometheusRule.rendezvousOnGpuNode.for=1h",
+                'prometheusRule.rendezvousOnGpuNode.podSelector=created_by_name=~"etcd-.+"',
+                "prometheusRule.worldSizeBelowMin.for=7m",
+                "prometheusRule.restartStorm.restarts=9",
+                "prometheusRule.restartStorm.window=2h",
+                "prometheusRule.rendezvousFlapping.reforms=11",
+                "prometheusRule.rendezvousFlapping.window=3h",
+                "prometheusRule.trainingStalled.window=45m",
+                "prometheusRule.trainingStalled.for=9m",
+                "prometheusRule.restartsNearlyExhausted.remaining=4",
+                "prometheusRule.runbookUrl=https://wiki.example/runbook.md",
             ]
         )
     )
     assert found["ElasticJobRendezvousOnGpuNode"]["for"] == "1h"
+    assert 'created_by_name=~"etcd-.+",node!=""' in found["ElasticJobRendezvousOnGpuNode"]["expr"]
     assert found["ElasticJobWorldSizeBelowMin"]["for"] == "7m"
     assert "[2h])) > 9" in found["ElasticJobRankRestartStorm"]["expr"]
     assert "[3h])) > 11" in found["ElasticJobRendezvousFlapping"]["expr"]
@@ -129,23 +152,27 @@ def test_thresholds_and_durations_come_from_the_values() -> None:
         assert alert["annotations"]["runbook_url"].startswith("https://wiki.example/runbook.md#")
 
 
-def test_the_rules_select_this_jobs_series_by_its_id() -> None:
-    """job.id set: every worker-series selector names it (the series' `job` label)."""
-    found = alerts(rule(sets=["job.id=llm-7b"]))
-    for name, alert in found.items():
-        selectors = re.findall(r"elastic_job_\w+\{([^}]*)\}", alert["expr"])
-        assert all(s == 'job="llm-7b"' for s in selectors), (name, selectors)
-    assert found["ElasticJobRendezvousOnGpuNode"]["labels"]["job"] == "llm-7b"
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("prometheusRule.restartStorm.window=15 minutes", "window"),
+        ('prometheusRule.kubeStateMetricsSelector={job="ksm"}', "kubeStateMetricsSelector"),
+        ("prometheusRule.restartStorm.restarts=0", "restarts"),
+    ],
+)
+def test_bad_rule_values_are_refused_by_the_schema(value: str, needle: str) -> None:
+    err = render_error(CLUSTER, sets=[*ON, value])
+    assert needle in err.stderr
 
 
-def test_an_external_rendezvous_has_no_etcd_placement_alert() -> None:
-    """etcd-rendezvous.enabled=false: the job has no etcd pod to place."""
-    found = alerts(
-        rule(sets=["etcd-rendezvous.enabled=false", "rendezvous.endpoint=etcd.infra:2379"])
-    )
-    assert "ElasticJobRendezvousOnGpuNode" not in found
-    assert len(found) == 5
+def test_the_rule_carries_its_labels_in_the_release_namespace() -> None:
+    """prometheusRule.labels: the label the Prometheus selects rules by."""
+    found = rule(["prometheusRule.labels.release=kube-prometheus-stack"], namespace="monitoring")
+    assert found["metadata"]["namespace"] == "monitoring"
+    assert found["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
-def test_no_rule_by_default() -> None:
+def test_no_rule_by_default_and_none_in_a_jobs_release() -> None:
+    """The CRD is never assumed; a per-job release renders no rule whatever its values."""
+    assert not of_kind(objects(CLUSTER), "PrometheusRule")
     assert not of_kind(objects(ELASTIC_JOB, sets=["monitoring.enabled=true"]), "PrometheusRule")
