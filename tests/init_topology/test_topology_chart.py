@@ -338,7 +338,8 @@ def test_strict_chart_value_fails_the_init_container_on_403(
     assert env["TOPOLOGY_STRICT"] == "true"
     assert done.returncode == 3
     [line] = done.stderr.splitlines()
-    assert 'cannot get resource "nodes"' in line and "rbac.nodeReader.enabled" in line
+    assert 'cannot get resource "nodes"' in line
+    assert f"--set nodeReader.namespaces.{NAMESPACE}=true" in line, line
     assert not output.exists()
 
 

@@ -219,8 +219,10 @@ def _status_failure(status: int, reason: str, body: Any, config: Config) -> _Fai
         return _Failure(
             False,
             what,
-            "grant get on nodes: set rbac.nodeReader.enabled=true in the chart "
-            "(Nodes are cluster-scoped, so a namespaced Role cannot grant it)",
+            "a cluster admin grants get on nodes to this namespace's service accounts once: "
+            "helm install elastic-job-cluster charts/elastic-job-cluster "
+            f"--set nodeReader.namespaces.{_namespace(config)}=true (Nodes are cluster-scoped, "
+            "so no namespaced Role can grant it)",
         )
     if status == 404:
         return _Failure(
@@ -237,6 +239,14 @@ def _status_failure(status: int, reason: str, body: Any, config: Config) -> _Fai
             "topology.timeoutSeconds to wait longer",
         )
     return _Failure(False, what, "unexpected answer from the API server: check its logs")
+
+
+def _namespace(config: Config) -> str:
+    """This pod's namespace, from its service-account volume; a placeholder if unreadable."""
+    try:
+        return (config.serviceaccount_dir / "namespace").read_text(encoding="utf-8").strip()
+    except OSError:
+        return "<namespace>"
 
 
 def _status_message(body: Any) -> str:
