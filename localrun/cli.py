@@ -180,8 +180,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--prometheus",
         action="store_true",
-        help="run Debian's prometheus on the pods' metrics with the chart's alert rules "
-        "(turns monitoring.enabled on; needs namespaces)",
+        help="run Debian's prometheus on the pods' metrics with the alert rules of "
+        "charts/elastic-job-cluster (turns monitoring.enabled on; needs namespaces)",
+    )
+    r.add_argument(
+        "--cluster-set",
+        dest="cluster_sets",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="with --prometheus: a value of charts/elastic-job-cluster (its alerts' "
+        "thresholds, e.g. prometheusRule.restartStorm.restarts=2)",
     )
     r.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -208,6 +217,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             "--prometheus with --loopback: every pod would serve its metrics on this "
             "machine's one port; drop --loopback (run as root)"
         )
+    if args.cluster_sets and not args.prometheus:
+        raise UsageError(
+            "--cluster-set without --prometheus: the cluster chart is rendered "
+            "only for Prometheus; add --prometheus"
+        )
     if not args.values:
         raise UsageError("no values file: pass -f values-examples/cpu-smoke.yaml (for example)")
     for v in args.values:
@@ -233,6 +247,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         loopback=args.loopback,
         linger=args.linger,
         prometheus=args.prometheus,
+        cluster_sets=args.cluster_sets,
     )
 
 

@@ -1,13 +1,16 @@
 """`elastic-local run --prometheus`: Debian's real `prometheus` scraping the run's pods as
-the chart's PodMonitor says, evaluating the chart's own PrometheusRule.
+a cluster's prometheus-operator would, evaluating the project's own alert rules.
 
-- The run renders the chart with the PodMonitor and the PrometheusRule on
-  (`LOCAL_VALUES`, before the user's --set so that a user can change any of them): the
-  alerts' `for:` and windows shortened by values, never by editing rendered text.
-- `scrape_endpoints` reads the rendered PodMonitors; `targets` is what prometheus-operator's
-  pod discovery would keep of the pods running now (selector, namespaces, the named
-  container port, not Succeeded/Failed), with its target labels (namespace, pod,
-  container, endpoint, job); the runner writes them to a file_sd file as pods start and stop.
+- The run renders the job's chart with its metrics on (`LOCAL_VALUES`, before the user's
+  --set so that a user can change any of them) and, as a cluster admin would install it
+  once, charts/elastic-job-cluster (`render_cluster`: `LOCAL_CLUSTER_VALUES`, then the
+  user's --cluster-set) with its PodMonitor for every job's workers and its PrometheusRule,
+  the alerts' `for:` and windows shortened by values, never by editing rendered text.
+- `scrape_endpoints` reads the rendered PodMonitors (the cluster chart's, and a release's
+  own if it has one); `targets` is what prometheus-operator's pod discovery would keep of
+  the pods running now (selector, namespaces, the named container port, not
+  Succeeded/Failed), with its target labels (namespace, pod, container, endpoint, job); the
+  runner writes them to a file_sd file as pods start and stop.
 - `rule_groups` are the rendered PrometheusRules' groups, written as a rules file.
 - `Prometheus` runs the binary on 127.0.0.1 (the host reaches every pod's address over the
   run's bridge) with its data in the run's output directory, and stops it with the run.
@@ -32,26 +35,36 @@ from typing import Any
 
 import yaml
 
+from localrun import chart
 from localrun.host import process
+from localrun.render import ROOT, render
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
-#: Values the run adds before the user's own --set (a later --set wins): metrics on, the
-#: PodMonitor and the PrometheusRule rendered, a 1 s scrape, and the alerts' durations cut
-#: from the minutes a cluster needs to the seconds a local run lasts.
-LOCAL_VALUES: tuple[str, ...] = (
-    "monitoring.enabled=true",
-    "monitoring.podMonitor.enabled=true",
-    "monitoring.podMonitor.interval=1s",
-    "monitoring.prometheusRule.enabled=true",
-    "monitoring.prometheusRule.rendezvousOnGpuNode.for=5s",
-    "monitoring.prometheusRule.worldSizeBelowMin.for=10s",
-    "monitoring.prometheusRule.restartStorm.window=2m",
-    "monitoring.prometheusRule.rendezvousFlapping.window=5m",
-    "monitoring.prometheusRule.trainingStalled.window=30s",
-    "monitoring.prometheusRule.trainingStalled.for=10s",
+#: Values of the job's chart the run adds before the user's own --set (a later --set wins):
+#: the workers serve their metrics. Scraping them is the cluster chart's PodMonitor, as on a
+#: shared cluster where a team's release has none of its own.
+LOCAL_VALUES: tuple[str, ...] = ("monitoring.enabled=true",)
+#: charts/elastic-job-cluster, what an admin installs once for every job; the run renders it
+#: as release CLUSTER_RELEASE in CLUSTER_NAMESPACE.
+CLUSTER_CHART = ROOT / "charts" / "elastic-job-cluster"
+CLUSTER_RELEASE = "elastic-job-cluster"
+CLUSTER_NAMESPACE = "monitoring"
+#: Its values before the user's --cluster-set: the PodMonitor and the PrometheusRule
+#: rendered, a 1 s scrape, and the alerts' durations cut from the minutes a cluster needs to
+#: the seconds a local run lasts.
+LOCAL_CLUSTER_VALUES: tuple[str, ...] = (
+    "podMonitor.enabled=true",
+    "podMonitor.interval=1s",
+    "prometheusRule.enabled=true",
+    "prometheusRule.rendezvousOnGpuNode.for=5s",
+    "prometheusRule.worldSizeBelowMin.for=10s",
+    "prometheusRule.restartStorm.window=2m",
+    "prometheusRule.rendezvousFlapping.window=5m",
+    "prometheusRule.trainingStalled.window=30s",
+    "prometheusRule.trainingStalled.for=10s",
 )
 #: Rule evaluation interval (the scrape interval is the PodMonitor's).
 EVALUATION_INTERVAL = "1s"
@@ -69,7 +82,8 @@ class ScrapeEndpoint:
     """One podMetricsEndpoint of a rendered PodMonitor."""
 
     job: str  # "<namespace>/<name>": the target's job label, as prometheus-operator sets it
-    namespaces: tuple[str, ...]  # namespaceSelector.matchNames; empty: the PodMonitor's own
+    # namespaceSelector.matchNames (none: the PodMonitor's own); () with `any: true`: all
+    namespaces: tuple[str, ...]
     match_labels: Mapping[str, str]
     port: str
     path: str
@@ -122,7 +136,8 @@ def scrape_endpoints(objects: Iterable[Obj], interval: str = "30s") -> list[Scra
             continue
         meta, spec = o.get("metadata") or {}, o.get("spec") or {}
         namespace = str(meta.get("namespace", "default"))
-        names = (spec.get("namespaceSelector") or {}).get("matchNames") or [namespace]
+        selector = spec.get("namespaceSelector") or {}
+        names = [] if selector.get("any") else selector.get("matchNames") or [namespace]
         labels = (spec.get("selector") or {}).get("matchLabels") or {}
         for ep in spec.get("podMetricsEndpoints") or []:
             found.append(
@@ -140,6 +155,17 @@ def scrape_endpoints(objects: Iterable[Obj], interval: str = "30s") -> list[Scra
     return found
 
 
+def render_cluster(sets: Iterable[str] = ()) -> list[Obj]:
+    """charts/elastic-job-cluster's objects with LOCAL_CLUSTER_VALUES, then `sets`."""
+    return render(
+        CLUSTER_CHART,
+        [],
+        [*LOCAL_CLUSTER_VALUES, *sets],
+        release=CLUSTER_RELEASE,
+        namespace=CLUSTER_NAMESPACE,
+    ).objects
+
+
 def rule_groups(objects: Iterable[Obj]) -> list[Obj]:
     """The groups of every rendered PrometheusRule, as a Prometheus rules file holds them."""
     groups: list[Obj] = []
@@ -147,6 +173,21 @@ def rule_groups(objects: Iterable[Obj]) -> list[Obj]:
         if o.get("kind") == "PrometheusRule":
             groups += (o.get("spec") or {}).get("groups") or []
     return groups
+
+
+def check_metrics_served(statefulsets: Iterable[Obj]) -> None:
+    """PrometheusError unless the rendered workers serve a `metrics` port (the release's
+    monitoring.enabled): without one Prometheus would scrape nothing, the whole run long."""
+    for sts in statefulsets:
+        template = (sts.get("spec") or {}).get("template") or {}
+        if not chart.is_worker((template.get("metadata") or {}).get("labels") or {}):
+            continue  # the etcd pod serves metrics of its own
+        if _port((template.get("spec") or {}).get("containers") or (), "metrics") is not None:
+            return
+    raise PrometheusError(
+        "--prometheus: no pod serves metrics (monitoring.enabled=false): drop that --set, "
+        "or drop --prometheus"
+    )
 
 
 def _port(containers: Iterable[Obj], name: str) -> tuple[str, int] | None:
@@ -161,7 +202,9 @@ def targets(ep: ScrapeEndpoint, pods: Iterable[PodView]) -> list[Obj]:
     """The file_sd target groups of `ep` for the pods as they are now."""
     groups: list[Obj] = []
     for p in sorted(pods, key=lambda p: p.name):
-        if not p.ip or p.phase in _DONE_PHASES or p.namespace not in ep.namespaces:
+        if not p.ip or p.phase in _DONE_PHASES:
+            continue
+        if ep.namespaces and p.namespace not in ep.namespaces:
             continue
         if any(p.labels.get(k) != v for k, v in ep.match_labels.items()):
             continue
@@ -245,8 +288,9 @@ class Prometheus:
             )
         if not endpoints:
             raise PrometheusError(
-                "--prometheus: the chart rendered no PodMonitor: keep "
-                "monitoring.podMonitor.enabled=true (elastic-local sets it)"
+                "--prometheus: no PodMonitor was rendered: keep elastic-job-cluster's "
+                "podMonitor.enabled=true (elastic-local sets it; --cluster-set), or set the "
+                "release's monitoring.podMonitor.enabled=true"
             )
         self.binary = found
         self.directory = directory

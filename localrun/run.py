@@ -84,6 +84,7 @@ class RunConfig:
     loopback: bool = False  # force the no-root fallback
     linger: float = 0.0  # seconds the API server stays up after the end
     prometheus: bool = False  # run Debian's prometheus on the pods (localrun/prometheus.py)
+    cluster_sets: list[str] = field(default_factory=list)  # --cluster-set, with --prometheus
 
 
 class Interrupted(Exception):
@@ -187,7 +188,7 @@ class Runner:
         self.api = self._api_server(rendered, nodes, self.network.host_ip)
         self.cluster = self._cluster(rendered, nodes, self.network, self.api)
         if cfg.prometheus:
-            self.prometheus = self._prometheus(rendered, nodes)
+            self.prometheus = self._prometheus(rendered, self._render_cluster(), nodes)
         self.injector = Injector(
             cfg.faults,
             self.cluster,
@@ -221,9 +222,28 @@ class Runner:
             self.event(f"certificate issued: Secret {name}")
         self.client_tls = chart.ClientTls(ca.crt, own.crt, own.key)
 
-    def _prometheus(self, rendered: Rendered, nodes: dict[str, Any]) -> prometheus.Prometheus:
-        """Debian's prometheus on 127.0.0.1, scraping the pods over the run's bridge, and
-        a kube-state-metrics stand-in for the pods and Nodes the API server serves."""
+    def _render_cluster(self) -> list[dict[str, Any]]:
+        """charts/elastic-job-cluster as an admin installs it once: the PodMonitor and the
+        alerts for every job."""
+        sets = self.cfg.cluster_sets
+        self.event(
+            f"--prometheus: {prometheus.CLUSTER_RELEASE} in {prometheus.CLUSTER_NAMESPACE} with "
+            + ", ".join([*prometheus.LOCAL_CLUSTER_VALUES, *sets])
+        )
+        try:
+            objects = prometheus.render_cluster(sets)
+        except RenderError as exc:
+            raise SetupError(f"charts/elastic-job-cluster: {exc}", EXIT_USAGE) from None
+        (self.outdir / "rendered-cluster.json").write_text(json.dumps(objects, indent=1))
+        return objects
+
+    def _prometheus(
+        self, rendered: Rendered, cluster: list[dict[str, Any]], nodes: dict[str, Any]
+    ) -> prometheus.Prometheus:
+        """Debian's prometheus on 127.0.0.1, scraping the pods over the run's bridge (the
+        cluster chart's PodMonitor, and the release's own if it has one) with the cluster
+        chart's alerts, and a kube-state-metrics stand-in for the pods and Nodes the API
+        server serves."""
         if isinstance(self.network, LoopbackNetwork):
             raise SetupError(
                 "--prometheus needs network namespaces (run as root, without --loopback): "
@@ -232,10 +252,11 @@ class Runner:
             )
         self.kubestate = KubeState(nodes)
         try:
+            prometheus.check_metrics_served(rendered.statefulsets)
             prom = prometheus.Prometheus(
                 self.outdir / "prometheus",
-                prometheus.scrape_endpoints(rendered.objects),
-                prometheus.rule_groups(rendered.objects),
+                prometheus.scrape_endpoints([*cluster, *rendered.objects]),
+                prometheus.rule_groups([*cluster, *rendered.objects]),
                 static={"kube-state-metrics": self.kubestate.start()},
             )
             self.prometheus = prom  # stopped at the end even if it fails to get ready

@@ -1,10 +1,11 @@
 """`elastic-local run --prometheus` (issue 10): Debian's prometheus scrapes the real pods
-with the chart's rules, and these tests read what it shows through its own HTTP API
-(/api/v1/query, /api/v1/alerts) while the run goes on.
+through charts/elastic-job-cluster's PodMonitor (the release has none of its own, as a
+tenant's) with that chart's rules, and these tests read what it shows through its own HTTP
+API (/api/v1/query, /api/v1/alerts) while the run goes on.
 
 Two runs: a SIGKILL re-form, then a loss below job.minNodes, with every dashboard query
 checked in between; and a script that keeps failing. The alerts' `for:` and windows are
-shortened by values (localrun/prometheus.py LOCAL_VALUES, and --set here).
+shortened by values (localrun/prometheus.py LOCAL_CLUSTER_VALUES, and --cluster-set here).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ pytestmark = [
 ]
 
 JOB_ID = "default-e2e"  # the chart's job id of release e2e in namespace default
-DASHBOARD = ROOT / "charts" / "elastic-job" / "dashboards" / "elastic-job.json"
+NAMESPACE = "default"
+SCRAPE_JOB = "monitoring/elastic-job-cluster-workers"  # the PodMonitor's, as the operator names it
+DASHBOARD = ROOT / "charts" / "elastic-job-cluster" / "dashboards" / "elastic-job.json"
 T = TypeVar("T")
 
 
@@ -136,12 +139,12 @@ def start(tmp_path: Path) -> Iterator[Callable[..., Running]]:
             run.proc.wait(timeout=60)
 
 
-def dashboard_queries(job: str) -> list[tuple[str, str]]:
+def dashboard_queries(namespace: str, job: str) -> list[tuple[str, str]]:
     """(panel title, expr) of every target of the dashboard, its variables substituted as
     Grafana would for a 10-minute view of one job."""
     panels = json.loads(DASHBOARD.read_text())["panels"]
-    # A job id is a DNS label: no regex metacharacters to escape.
-    subst = {"$job": job, "$__range": "10m", "$__rate_interval": "1m"}
+    # A namespace and a job id are DNS labels: no regex metacharacters to escape.
+    subst = {"$namespace": namespace, "$job": job, "$__range": "10m", "$__rate_interval": "1m"}
     out = []
     for p in panels:
         for t in p.get("targets") or []:
@@ -168,7 +171,7 @@ def test_prometheus_shows_the_sigkill_reform_every_dashboard_query_and_fires_bel
         every=5,
         timeout=400,
     )
-    sel = f'job="{JOB_ID}"'
+    sel = f'namespace="{NAMESPACE}",elastic_job="{JOB_ID}"'
     # The first re-form, seen by the survivors: one observation each (read before the
     # rejoin of pod 1 adds a second).
     once = f"(elastic_job_reforms_total{{{sel}}} == 1)"
@@ -189,7 +192,7 @@ def test_prometheus_shows_the_sigkill_reform_every_dashboard_query_and_fires_bel
     run.wait(
         lambda: run.values(f"max(elastic_job_world_size_nodes{{{sel}}}) == 3"), 120, "world at 3"
     )
-    queries = dashboard_queries(JOB_ID)
+    queries = dashboard_queries(NAMESPACE, JOB_ID)
     missing: list[str] = []
 
     def every_query_has_data() -> bool:
@@ -205,13 +208,20 @@ def test_prometheus_shows_the_sigkill_reform_every_dashboard_query_and_fires_bel
     except AssertionError as exc:
         raise AssertionError(f"dashboard queries without data: {missing}") from exc
     print(f"dashboard: {len(queries)} queries, each with data")
+    # kube-prometheus-stack's conventions: the scrape keeps its own job label, nothing is
+    # renamed exported_* (no honorLabels), namespace and pod are the target's.
+    series = run.query(f"elastic_job_world_size_nodes{{{sel}}}")
+    assert {r["metric"]["job"] for r in series} == {SCRAPE_JOB}, series
+    assert not [k for r in series for k in r["metric"] if k.startswith("exported_")], series
+    assert {r["metric"]["pod"] for r in series} == {pod(0), pod(1), pod(2)}, series
     assert not run.alerts("ElasticJobWorldSizeBelowMin", "firing")
 
     # Pods 1 and 2 down for 40 s: the world-size alert fires for this job.
     firing = run.wait(
         lambda: run.alerts("ElasticJobWorldSizeBelowMin"), 150, "ElasticJobWorldSizeBelowMin firing"
     )
-    assert firing[0]["labels"]["job"] == JOB_ID, firing
+    assert firing[0]["labels"]["elastic_job"] == JOB_ID, firing
+    assert firing[0]["labels"]["namespace"] == NAMESPACE, firing
     assert firing[0]["labels"]["severity"] == "critical", firing
     print(f"world size below min: firing, value {firing[0]['value']}")
 
@@ -236,22 +246,20 @@ def test_prometheus_fires_the_restart_storm_alert_for_a_script_that_keeps_failin
     # pod (rendezvous.maxRestarts 20): more than 2 restarts of one pod within 1 minute fire
     # the storm alert for that pod. The run is stopped once it fires.
     run = start(
+        "--cluster-set=prometheusRule.restartStorm.restarts=2",
+        "--cluster-set=prometheusRule.restartStorm.window=1m",
         command=["sh", "-c", "sleep 2; exit 1"],
-        sets=[
-            "monitoring.prometheusRule.restartStorm.restarts=2",
-            "monitoring.prometheusRule.restartStorm.window=1m",
-        ],
         timeout=300,
     )
     firing = run.wait(
         lambda: run.alerts("ElasticJobRankRestartStorm"), 180, "ElasticJobRankRestartStorm firing"
     )
-    restarts = run.values(f'elastic_job_worker_restarts_total{{job="{JOB_ID}"}}')
+    restarts = run.values(f'elastic_job_worker_restarts_total{{elastic_job="{JOB_ID}"}}')
     print(f"restart storm: {[a['labels']['pod'] for a in firing]}; restarts {restarts}")
     done = run.end(timeout=120, stop=True)
     for a in firing:
-        assert a["labels"]["job"] == JOB_ID, firing
-        assert a["labels"]["namespace"] == "default", firing
+        assert a["labels"]["elastic_job"] == JOB_ID, firing
+        assert a["labels"]["namespace"] == NAMESPACE, firing
         assert a["labels"]["pod"] in {pod(0), pod(1), pod(2)}, firing
         assert a["labels"]["severity"] == "warning", firing
         assert float(a["value"]) > 2, firing

@@ -1,5 +1,6 @@
-"""`elastic-local run --prometheus`: the scrape targets a PodMonitor of the chart selects,
-its alert rules with the local durations, and Debian's prometheus loading them."""
+"""`elastic-local run --prometheus`: the scrape targets the PodMonitor of
+charts/elastic-job-cluster selects (and a release's own), the cluster chart's alert rules
+with the local durations, and Debian's prometheus loading them."""
 
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ def rendered() -> Rendered:
     return _render()
 
 
+@pytest.fixture(scope="module")
+def cluster() -> list[dict[str, Any]]:
+    return prometheus.render_cluster()
+
+
 def _pods(r: Rendered, phase: str = "Running") -> list[PodView]:
     """One pod of each rendered StatefulSet, as pod discovery sees it."""
     out = []
@@ -66,20 +72,23 @@ def _alerts(groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {r.get("alert", r.get("name")): r for g in groups for r in g["rules"]}
 
 
-def test_local_values_render_the_podmonitor_scraped_every_second_with_honor_labels(
-    rendered: Rendered,
+def test_the_cluster_charts_podmonitor_is_scraped_every_second_in_every_namespace(
+    rendered: Rendered, cluster: list[dict[str, Any]]
 ) -> None:
-    [ep] = prometheus.scrape_endpoints(rendered.objects)
-    assert ep.job == "default/e2e-elastic-job-workers"
+    """The release has no PodMonitor of its own (a tenant's); the cluster chart's scrapes
+    every namespace, without honorLabels (the series' labels are not target labels)."""
+    assert prometheus.scrape_endpoints(rendered.objects) == []
+    [ep] = prometheus.scrape_endpoints(cluster)
+    assert ep.job == "monitoring/elastic-job-cluster-workers"
     assert (ep.port, ep.path, ep.scheme, ep.interval) == ("metrics", "/metrics", "http", "1s")
-    assert ep.honor_labels is True  # the series' own job label (the job id) is kept
-    assert ep.namespaces == ("default",)
+    assert ep.honor_labels is False
+    assert ep.namespaces == ()  # namespaceSelector: any
 
 
 def test_targets_are_the_running_worker_pods_on_their_metrics_port_with_podmonitor_labels(
-    rendered: Rendered,
+    rendered: Rendered, cluster: list[dict[str, Any]]
 ) -> None:
-    [ep] = prometheus.scrape_endpoints(rendered.objects)
+    [ep] = prometheus.scrape_endpoints(cluster)
     pods = _pods(rendered)
     worker = next(p for p in pods if "elastic-job-default" in p.name)
     assert prometheus.targets(ep, pods) == [
@@ -90,10 +99,12 @@ def test_targets_are_the_running_worker_pods_on_their_metrics_port_with_podmonit
                 "pod": worker.name,
                 "container": "worker",
                 "endpoint": "metrics",
-                "job": "default/e2e-elastic-job-workers",
+                "job": "monitoring/elastic-job-cluster-workers",
             },
         }
     ]  # the etcd pod is not selected
+    other = [PodView(**{**p.__dict__, "namespace": "team-b"}) for p in pods]
+    assert [t["labels"]["namespace"] for t in prometheus.targets(ep, other)] == ["team-b"]
 
 
 @pytest.mark.parametrize(
@@ -108,22 +119,30 @@ def test_targets_are_the_running_worker_pods_on_their_metrics_port_with_podmonit
     ids=["succeeded", "failed", "no-ip", "other-namespace", "no-metrics-port"],
 )
 def test_a_pod_done_unplaced_elsewhere_or_without_the_port_is_no_target(
-    rendered: Rendered, change: dict[str, Any]
+    change: dict[str, Any],
 ) -> None:
+    """The release's own PodMonitor (monitoring.podMonitor.enabled): its namespace only."""
+    rendered = _render("monitoring.podMonitor.enabled=true")
     [ep] = prometheus.scrape_endpoints(rendered.objects)
+    assert (ep.job, ep.namespaces) == ("default/e2e-elastic-job-workers", ("default",))
     pods = [PodView(**{**p.__dict__, **change}) for p in _pods(rendered)]
     assert prometheus.targets(ep, pods) == []
 
 
-def test_a_users_monitoring_off_with_prometheus_is_refused_by_the_chart() -> None:
+def test_a_users_monitoring_off_with_prometheus_is_refused_in_one_line() -> None:
+    """monitoring.enabled=false: no pod would serve metrics, said before the run starts."""
+    with pytest.raises(PrometheusError, match=r"no pod serves metrics \(monitoring\.enabled"):
+        prometheus.check_metrics_served(_render("monitoring.enabled=false").statefulsets)
+    prometheus.check_metrics_served(_render().statefulsets)
     with pytest.raises(RenderError, match=r"set monitoring\.enabled=true too"):
-        _render("monitoring.enabled=false")
+        _render("monitoring.enabled=false", "monitoring.podMonitor.enabled=true")
 
 
-def test_rules_are_the_charts_with_the_local_for_and_a_users_set_wins(
-    rendered: Rendered,
+def test_rules_are_the_cluster_charts_with_the_local_for_and_a_users_set_wins(
+    rendered: Rendered, cluster: list[dict[str, Any]]
 ) -> None:
-    alerts = _alerts(prometheus.rule_groups(rendered.objects))
+    assert prometheus.rule_groups(rendered.objects) == []  # a release has none
+    alerts = _alerts(prometheus.rule_groups(cluster))
     assert {
         "ElasticJobRendezvousOnGpuNode",
         "ElasticJobWorldSizeBelowMin",
@@ -136,18 +155,20 @@ def test_rules_are_the_charts_with_the_local_for_and_a_users_set_wins(
     assert "[2m]" in alerts["ElasticJobRankRestartStorm"]["expr"]
     mine = _alerts(
         prometheus.rule_groups(
-            _render("monitoring.prometheusRule.worldSizeBelowMin.for=1m").objects
+            prometheus.render_cluster(["prometheusRule.worldSizeBelowMin.for=1m"])
         )
     )
     assert mine["ElasticJobWorldSizeBelowMin"]["for"] == "1m"
 
 
 @needs_prometheus
-def test_promtool_accepts_the_rules_file_and_the_config(rendered: Rendered, tmp_path: Path) -> None:
+def test_promtool_accepts_the_rules_file_and_the_config(
+    cluster: list[dict[str, Any]], tmp_path: Path
+) -> None:
     rules = tmp_path / "rules.yaml"
-    rules.write_text(yaml.safe_dump({"groups": prometheus.rule_groups(rendered.objects)}))
+    rules.write_text(yaml.safe_dump({"groups": prometheus.rule_groups(cluster)}))
     cfg = tmp_path / "prometheus.yml"
-    eps = prometheus.scrape_endpoints(rendered.objects)
+    eps = prometheus.scrape_endpoints(cluster)
     cfg.write_text(yaml.safe_dump(prometheus.config(eps, tmp_path, rules)))
     for argv in (["check", "rules", str(rules)], ["check", "config", str(cfg)]):
         proc = subprocess.run(["promtool", *argv], capture_output=True, text=True, check=False)
@@ -156,10 +177,10 @@ def test_promtool_accepts_the_rules_file_and_the_config(rendered: Rendered, tmp_
 
 @needs_prometheus
 def test_prometheus_starts_loads_the_rules_reads_the_targets_file_and_stops(
-    rendered: Rendered, tmp_path: Path
+    rendered: Rendered, cluster: list[dict[str, Any]], tmp_path: Path
 ) -> None:
-    eps = prometheus.scrape_endpoints(rendered.objects)
-    prom = Prometheus(tmp_path / "prom", eps, prometheus.rule_groups(rendered.objects))
+    eps = prometheus.scrape_endpoints(cluster)
+    prom = Prometheus(tmp_path / "prom", eps, prometheus.rule_groups(cluster))
     prom.start()
     try:
         with urllib.request.urlopen(f"{prom.url}/api/v1/rules", timeout=5) as r:
@@ -186,16 +207,16 @@ def test_prometheus_starts_loads_the_rules_reads_the_targets_file_and_stops(
 
 
 def test_a_missing_prometheus_binary_says_how_to_install_it(
-    rendered: Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    eps = prometheus.scrape_endpoints(rendered.objects)
+    eps = prometheus.scrape_endpoints(cluster)
     with pytest.raises(PrometheusError, match="apt-get install prometheus"):
         Prometheus(tmp_path, eps, [])
 
 
 def test_no_podmonitor_rendered_says_which_value(tmp_path: Path) -> None:
-    with pytest.raises(PrometheusError, match=r"monitoring\.podMonitor\.enabled=true"):
+    with pytest.raises(PrometheusError, match=r"podMonitor\.enabled=true .*--cluster-set"):
         Prometheus(tmp_path, [], [], binary="/bin/true")
 
 
@@ -205,6 +226,15 @@ def test_prometheus_with_loopback_is_a_usage_error() -> None:
         config_from_args(args)
     args = build_parser().parse_args(["run", "-f", __file__, "--prometheus"])
     assert config_from_args(args).prometheus is True
+
+
+def test_cluster_set_goes_to_the_cluster_chart_and_needs_prometheus() -> None:
+    argv = ["run", "-f", __file__, "--cluster-set", "prometheusRule.restartStorm.restarts=2"]
+    with pytest.raises(UsageError, match="--cluster-set without --prometheus"):
+        config_from_args(build_parser().parse_args(argv))
+    cfg = config_from_args(build_parser().parse_args([*argv, "--prometheus"]))
+    assert cfg.cluster_sets == ["prometheusRule.restartStorm.restarts=2"]
+    assert cfg.sets == []
 
 
 # -- the kube-state-metrics stand-in -------------------------------------------------------
@@ -259,7 +289,7 @@ def test_kubestate_serves_pod_info_of_placed_pods_and_node_capacity_as_kube_stat
 def test_the_rendezvous_on_gpu_node_alert_fires_on_the_stand_ins_series_only_for_etcd(
     tmp_path: Path,
 ) -> None:
-    r = _render("monitoring.prometheusRule.rendezvousOnGpuNode.for=1s")
+    r = prometheus.render_cluster(["prometheusRule.rendezvousOnGpuNode.for=1s"])
     ks = _kubestate()
     ks.update(
         [
@@ -269,8 +299,8 @@ def test_the_rendezvous_on_gpu_node_alert_fires_on_the_stand_ins_series_only_for
     )
     prom = Prometheus(
         tmp_path / "prom",
-        prometheus.scrape_endpoints(r.objects),
-        prometheus.rule_groups(r.objects),
+        prometheus.scrape_endpoints(r),
+        prometheus.rule_groups(r),
         static={"kube-state-metrics": ks.start()},
     )
     try:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from testlib import ROOT
 
-CHARTS = ("elastic-job", "etcd-rendezvous")
+CHARTS = ("elastic-job", "elastic-job-cluster", "etcd-rendezvous")
 VERSION = (ROOT / "VERSION").read_text().strip()
 KINDS = {"added", "changed", "deprecated", "removed", "fixed", "security"}
 

@@ -61,6 +61,12 @@ PLACES: dict[str, Callable[[], str]] = {
     "charts/elastic-job/Chart.lock dependencies[etcd-rendezvous].version": lambda: _dependency(
         "charts/elastic-job/Chart.lock"
     ),
+    "charts/elastic-job-cluster/Chart.yaml version": lambda: str(
+        _yaml("charts/elastic-job-cluster/Chart.yaml")["version"]
+    ),
+    "charts/elastic-job-cluster/Chart.yaml appVersion (the worker metrics it reads)": lambda: str(
+        _yaml("charts/elastic-job-cluster/Chart.yaml")["appVersion"]
+    ),
     "charts/etcd-rendezvous/Chart.yaml version": lambda: str(
         _yaml("charts/etcd-rendezvous/Chart.yaml")["version"]
     ),

@@ -18,6 +18,7 @@ import pytest
 from elastic_worker import config, follow, launch
 from elastic_worker.attempt import Attempt, parse_attempt, process_alive
 from elastic_worker.metrics import (
+    LABELS,
     STATES,
     Identity,
     JobMetrics,
@@ -532,3 +533,10 @@ def test_metrics_off_sets_no_files_for_torchrun(
     assert ("ELASTIC_ATTEMPT_LOG" in names) is (loss_detection == "true")
     assert "ELASTIC_PROGRESS_FILE" not in names
     assert "metrics on port" not in agent.text()
+
+
+def test_the_contract_names_exactly_the_labels_the_series_carry() -> None:
+    """docs/contracts.md "Metrics": "Every series has exactly the labels ..." lists LABELS."""
+    text = (ROOT / "docs" / "contracts.md").read_text()
+    sentence = text.split("Every series has exactly the labels", 1)[1].split("names of our own")[0]
+    assert re.findall(r"`([a-z_]+)`", sentence) == list(LABELS), sentence
