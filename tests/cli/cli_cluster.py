@@ -114,9 +114,9 @@ def add_release(api: FakeApiServer, namespace: str, release: str, replicas: int,
 class Worker:
     """One pod's real metrics (elastic_worker.metrics), served on 127.0.0.1."""
 
-    def __init__(self, release: str, pod_name: str, *, min_nodes: int, max_nodes: int,
+    def __init__(self, release: str, *, min_nodes: int, max_nodes: int,
                  max_restarts: int) -> None:  # fmt: skip
-        self.metrics = JobMetrics(Identity(release, "default", pod_name))
+        self.metrics = JobMetrics(Identity(release, "default"))
         self.tracker = Tracker(self.metrics, min_nodes, max_nodes, max_restarts, clock=lambda: 0.0)
         self.tracker.torchrun_started()
         self.server = serve(self.metrics, 0, addr="127.0.0.1")
@@ -136,7 +136,8 @@ class Worker:
 
 @contextmanager
 def workers(n: int, release: str, **limits: int) -> Iterator[list[Worker]]:
-    started = [Worker(release, f"{release}-elastic-job-default-{i}", **limits) for i in range(n)]
+    # The metrics carry no pod label: the pod serving each is named where it is made.
+    started = [Worker(release, **limits) for _ in range(n)]
     try:
         yield started
     finally:

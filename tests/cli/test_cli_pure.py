@@ -279,14 +279,14 @@ def test_the_workers_own_metrics_parse() -> None:
 
 
 def test_the_labels_that_name_the_job_and_pod_are_not_read() -> None:
-    """A scrape or a chart that renames the workers' `job` label (kube-prometheus-stack
-    keeps `job` for the scrape) changes nothing the command reads."""
-    m = JobMetrics(Identity("run42", "default", "run42-w-0"))
+    """The workers' labels (`elastic_job`, `group`; kube-prometheus-stack keeps `job` for
+    the scrape) and an older worker's (`job`, `pod`) read the same: not read at all."""
+    m = JobMetrics(Identity("run42", "default"))
     t = Tracker(m, 2, 3, 5, clock=lambda: 0.0)
     t.torchrun_started()
     t.attempt(Attempt("r", 2, 0, 3, 3, 9))
     text = generate_latest(m.registry).decode()
-    renamed = text.replace('job="run42"', 'elastic_job="run42"').replace('pod="', 'worker_pod="')
+    renamed = text.replace('elastic_job="run42"', 'job="run42",pod="run42-w-0"')
     assert renamed != text
     assert promtext.parse(renamed) == promtext.parse(text)
     assert promtext.parse(text)["elastic_job_torchrun_restarts_remaining"] == 3
