@@ -92,6 +92,11 @@ CASES = [
     ),
     Bad("no-worker-group", "workerGroups", values="workerGroups:\n  default: null\n"),
     Bad(
+        "more-groups-than-the-bound",
+        "workerGroups",
+        values="workerGroups:\n" + "".join(f"  g{i}:\n    replicas: 1\n" for i in range(1001)),
+    ),
+    Bad(
         "group-name-not-dns",
         "workerGroups",
         ("workerGroups.Bad_Name.replicas=1",),

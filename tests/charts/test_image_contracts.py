@@ -19,6 +19,7 @@ from chart_render import (
     objects,
     worker_statefulsets,
 )
+from worker_sts import mounted_file
 
 worker_config = pytest.importorskip("elastic_worker.config", reason="scripts/bootstrap installs it")
 topology_config = pytest.importorskip(
@@ -51,12 +52,15 @@ def test_worker_entrypoint_accepts_the_rendered_settings(case: Case, tmp_path: P
     """elastic-worker's config loader takes every rendered worker container as it is."""
     inject = tmp_path / "env"
     inject.write_text("")
-    for sts in worker_statefulsets(objects(case)):
+    objs = objects(case)
+    names = tuple(s["metadata"]["name"] for s in worker_statefulsets(objs))
+    for sts in worker_statefulsets(objs):
         worker = container(sts, "worker")
         env = {**_environment(worker), "ELASTIC_INJECT_ENV": str(inject)}
         config = worker_config.load(worker["args"], env)
         assert config.min_nodes == int(env["ELASTIC_MIN_NODES"])
-        assert config.statefulsets == tuple(env["ELASTIC_STATEFULSETS"].split(","))
+        # The file as the kubelet mounts it names every StatefulSet of the release.
+        assert worker_config.read_statefulsets(mounted_file(sts, objs, tmp_path)) == names
         assert list(config.command) == worker["args"]
 
 

@@ -86,7 +86,7 @@ def _worker_scale_down_requests(names: tuple[str, ...]) -> list[Request]:
 
 
 def test_role_allows_every_request_of_the_workers_scale_down() -> None:
-    """What elastic-worker sends when the job completes (ELASTIC_STATEFULSETS) is allowed."""
+    """What elastic-worker sends when the job completes (ELASTIC_STATEFULSETS_FILE) is allowed."""
     objs = objects(ELASTIC_JOB, values=[MULTI])
     names = tuple(s["metadata"]["name"] for s in worker_statefulsets(objs))
     assert len(names) == 2

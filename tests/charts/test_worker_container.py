@@ -316,14 +316,6 @@ def test_scale_down_is_true_only_when_the_role_allows_it(sets: list[str], expect
     assert worker_env(sets=sets)["ELASTIC_SCALE_DOWN"] == expected
 
 
-def test_statefulsets_env_lists_every_group_of_the_release() -> None:
-    """ELASTIC_STATEFULSETS = this release's worker StatefulSets, comma-separated."""
-    objs = objects(ELASTIC_JOB, values=[ELASTIC_JOB / "ci" / "multigroup-values.yaml"])
-    names = [s["metadata"]["name"] for s in worker_statefulsets(objs)]
-    for sts in worker_statefulsets(objs):
-        assert env_of(container(sts, "worker"))["ELASTIC_STATEFULSETS"] == ",".join(names)
-
-
 def test_worker_command_is_the_entrypoint_and_args_the_users_command() -> None:
     """command [elastic-worker]; args = job.command, numbers as strings."""
     worker = container(render_sts(), "worker")

@@ -3,6 +3,7 @@ test_worker_container.py, test_worker_init_container.py): contract lists, render
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -11,6 +12,8 @@ from chart_render import (
     container,
     env_of,
     objects,
+    one,
+    pod_spec,
     worker_statefulsets,
 )
 from elastic_worker.settings import SETTINGS, Source
@@ -49,3 +52,19 @@ def worker_env(**kwargs: Any) -> dict[str, Any]:
 
 def env_names(ctr: dict[str, Any]) -> list[str]:
     return [e["name"] for e in ctr["env"]]
+
+
+def mounted_file(sts: dict[str, Any], objs: list[dict[str, Any]], tmp_path: Path) -> Path:
+    """The file ELASTIC_STATEFULSETS_FILE names, laid out as the kubelet mounts the
+    ConfigMap volume (one file per key) under tmp_path."""
+    worker = container(sts, "worker")
+    path = Path(env_of(worker)["ELASTIC_STATEFULSETS_FILE"])
+    [mount] = [m for m in worker["volumeMounts"] if path.is_relative_to(m["mountPath"])]
+    assert mount["readOnly"] is True
+    [volume] = [v for v in pod_spec(sts)["volumes"] if v["name"] == mount["name"]]
+    cm = one(objs, "ConfigMap", volume["configMap"]["name"])
+    local = tmp_path / "mount"
+    local.mkdir(exist_ok=True)
+    for key, text in cm["data"].items():
+        (local / key).write_text(text)
+    return local / path.relative_to(mount["mountPath"])

@@ -132,7 +132,7 @@ def test_success_marks_complete_and_scales_down(etcd: EtcdServer, tmp_path: Path
             etcd,
             "success",
             ELASTIC_SCALE_DOWN="true",
-            ELASTIC_STATEFULSETS="run42-worker",
+            ELASTIC_STATEFULSETS_FILE=str(listing(tmp_path, "run42-worker")),
             ELASTIC_SERVICEACCOUNT_DIR=str(api.serviceaccount_dir),
             **api.env(),
         )
@@ -141,6 +141,36 @@ def test_success_marks_complete_and_scales_down(etcd: EtcdServer, tmp_path: Path
         assert sup.run() == 0
         assert completion.is_complete(client, cfg)
         assert api.statefulsets[("default", "run42-worker")]["spec"]["replicas"] == 0
+
+
+def listing(tmp_path: Path, *names: str) -> Path:
+    """The release's StatefulSets as the chart's ConfigMap mounts them."""
+    path = tmp_path / "statefulsets"
+    path.write_text("".join(f"{n}\n" for n in names))
+    return path
+
+
+def test_success_scales_what_the_statefulsets_file_says_at_the_end(
+    etcd: EtcdServer, tmp_path: Path
+) -> None:
+    """A group added by an upgrade after this pod started (the kubelet rewrote the mounted
+    ConfigMap) is scaled to 0 too."""
+    with FakeApiServer(workdir=tmp_path / "api") as api:
+        api.add_statefulset("default", "run42-worker", replicas=2)
+        api.add_statefulset("default", "run42-worker-added", replicas=2)
+        cfg = make_config(
+            etcd,
+            "success-added",
+            ELASTIC_SCALE_DOWN="true",
+            ELASTIC_STATEFULSETS_FILE=str(listing(tmp_path, "run42-worker")),
+            ELASTIC_SERVICEACCOUNT_DIR=str(api.serviceaccount_dir),
+            **api.env(),
+        )
+        listing(tmp_path, "run42-worker", "run42-worker-added")
+        sup = launch.Supervisor([sys.executable, "-c", "pass"], {}, cfg, etcdv2.Client(etcd.url))
+        assert sup.run() == 0
+        for name in ("run42-worker", "run42-worker-added"):
+            assert api.statefulsets[("default", name)]["spec"]["replicas"] == 0, name
 
 
 def test_success_scales_the_workers_then_the_rendezvous(etcd: EtcdServer, tmp_path: Path) -> None:
@@ -152,7 +182,7 @@ def test_success_scales_the_workers_then_the_rendezvous(etcd: EtcdServer, tmp_pa
             etcd,
             "success-rdzv",
             ELASTIC_SCALE_DOWN="true",
-            ELASTIC_STATEFULSETS="run42-worker",
+            ELASTIC_STATEFULSETS_FILE=str(listing(tmp_path, "run42-worker")),
             ELASTIC_RENDEZVOUS_STATEFULSET="run42-etcd",
             ELASTIC_SERVICEACCOUNT_DIR=str(api.serviceaccount_dir),
             **api.env(),

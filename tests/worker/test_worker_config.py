@@ -83,7 +83,7 @@ def test_every_setting_is_read() -> None:
         ELASTIC_MESH_REQUIRED="True",
         ELASTIC_GRACE_PERIOD="90",
         ELASTIC_SCALE_DOWN="true",
-        ELASTIC_STATEFULSETS="run42-worker-a,run42-worker-b",
+        ELASTIC_STATEFULSETS_FILE="/etc/elastic-job/release/statefulsets",
         POD_IP="198.18.0.5",
     )
     assert cfg.nproc_per_node == "8"
@@ -97,8 +97,29 @@ def test_every_setting_is_read() -> None:
     assert cfg.gate_peers and cfg.mesh_required and cfg.scale_down
     assert cfg.mesh_interfaces == ("wg*", "tailscale0")
     assert cfg.grace_period == 90
-    assert cfg.statefulsets == ("run42-worker-a", "run42-worker-b")
+    assert cfg.statefulsets_file == Path("/etc/elastic-job/release/statefulsets")
     assert cfg.pod_ip == "198.18.0.5"
+
+
+def test_the_statefulsets_file_is_read_when_asked_one_name_a_line(tmp_path: Path) -> None:
+    """ELASTIC_STATEFULSETS_FILE (the chart's ConfigMap, mounted): read at each use, so
+    what the kubelet wrote since start (a group an upgrade added) counts."""
+    listing = tmp_path / "statefulsets"
+    listing.write_text("run42-worker-a\n")
+    cfg = load(ELASTIC_STATEFULSETS_FILE=str(listing))
+    assert config.read_statefulsets(cfg.statefulsets_file) == ("run42-worker-a",)
+    listing.write_text("run42-worker-a\nrun42-worker-b\n")
+    assert config.read_statefulsets(cfg.statefulsets_file) == ("run42-worker-a", "run42-worker-b")
+    assert config.read_statefulsets(load().statefulsets_file) == ()
+
+
+def test_a_statefulsets_file_that_cannot_be_used_is_said_naming_it(tmp_path: Path) -> None:
+    listing = tmp_path / "statefulsets"
+    listing.write_text("run42-worker-a\nBad_Name\n")
+    with pytest.raises(config.ConfigError, match=r"ELASTIC_STATEFULSETS_FILE=.*'Bad_Name' is not"):
+        config.read_statefulsets(listing)
+    with pytest.raises(config.ConfigError, match=r"ELASTIC_STATEFULSETS_FILE=.*cannot read it"):
+        config.read_statefulsets(tmp_path / "missing")
 
 
 @pytest.mark.parametrize(
@@ -134,7 +155,6 @@ def test_endpoint_forms(raw: str, host: str, port: int) -> None:
         ({"ELASTIC_GATE_TIMEOUT": "soon"}, "ELASTIC_GATE_TIMEOUT='soon'"),
         ({"ELASTIC_GATE_PEERS": "maybe"}, "ELASTIC_GATE_PEERS='maybe' is not a boolean"),
         ({"ELASTIC_GRACE_PERIOD": "0"}, "ELASTIC_GRACE_PERIOD=0"),
-        ({"ELASTIC_STATEFULSETS": "Bad_Name"}, "ELASTIC_STATEFULSETS: 'Bad_Name'"),
         (
             {"ELASTIC_RDZV_BACKEND": "etcd-v4"},
             "ELASTIC_RDZV_BACKEND='etcd-v4' is not a rendezvous backend: use etcd-v2 or etcd-v3",

@@ -25,7 +25,6 @@ BASE = {
     "POD_NAMESPACE": "ml",
     "POD_UID": "3b0c0a4e-0000-4000-8000-000000000001",
     "NODE_NAME": "local-spot-0",
-    "ELASTIC_STATEFULSETS": "run42-worker",
     "ELASTIC_EVENTS": "true",
 }
 
@@ -34,6 +33,10 @@ def load(api: FakeApiServer | None, **extra: str) -> config.Config:
     env = dict(BASE, **extra)
     if api is not None:
         env.update(api.env(), ELASTIC_SERVICEACCOUNT_DIR=str(api.serviceaccount_dir))
+        # The release's StatefulSets, as the chart's ConfigMap mounts them beside the token.
+        listing = api.serviceaccount_dir.parent / "statefulsets"
+        listing.write_text("run42-worker\n")
+        env.setdefault("ELASTIC_STATEFULSETS_FILE", str(listing))
     return config.load(["train.py"], env)
 
 

@@ -78,15 +78,20 @@ etcd StatefulSet ("<release>-etcd-rendezvous"); _validate.tpl refuses what still
 {{- printf "%s-%s" $prefix .group -}}
 {{- end -}}
 
-{{/* Comma-separated names of every worker StatefulSet of this release, sorted by group. */}}
+{{/* The names of every worker StatefulSet of this release, one a line, sorted by group:
+callers `trim` and split on "\n". Written out, not appended to a list (a sprig append
+copies the list: N groups would cost N squared). */}}
 {{- define "elastic-job.statefulsetNames" -}}
-{{- $names := list -}}
-{{- range $group, $g := .Values.workerGroups -}}
-{{- if $g -}}
-{{- $names = append $names (include "elastic-job.statefulsetName" (dict "root" $ "group" $group)) -}}
+{{- range $group, $g := .Values.workerGroups }}
+{{- if $g }}
+{{ include "elastic-job.statefulsetName" (dict "root" $ "group" $group) }}
+{{- end }}
+{{- end }}
 {{- end -}}
-{{- end -}}
-{{- join "," $names -}}
+
+{{/* The ConfigMap that lists the worker StatefulSets for the worker (worker-configmap.yaml). */}}
+{{- define "elastic-job.statefulsetsConfigMapName" -}}
+{{- printf "%s-statefulsets" (include "elastic-job.fullname" .) -}}
 {{- end -}}
 
 {{/* The one headless Service of the workers (stable pod DNS names). */}}

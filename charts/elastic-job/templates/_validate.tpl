@@ -25,30 +25,28 @@ interpreter the script (or the module after -m). Empty arguments elsewhere are d
 {{- fail (printf "job.command[%d] is %s: after %s it names the %s to run and cannot be empty, e.g. [%s, /workspace/train.py] or [%s, -m, mypkg.train]" $at $arg (join " " (slice $cmd 0 $at)) (ternary "module" "script" (eq $at 2)) (first $cmd) (first $cmd)) -}}
 {{- end -}}
 {{- end -}}
-{{- $groups := list -}}
+{{- /* One pass over the groups, no list built (a sprig append copies the list: N groups
+would cost N squared): $names maps each StatefulSet name to its group. */ -}}
+{{- $names := dict -}}
 {{- $replicas := 0 -}}
 {{- range $name, $g := $v.workerGroups -}}
 {{- if $g -}}
-{{- $groups = append $groups $name -}}
 {{- if not (hasKey $g "replicas") -}}
 {{- fail (printf "workerGroups.%s.replicas is required: set the number of pods of the group" $name) -}}
 {{- end -}}
 {{- $replicas = add $replicas ($g.replicas | int64) -}}
-{{- end -}}
-{{- end -}}
-{{- if not $groups -}}
-{{- fail "workerGroups has no group: define at least one, e.g. workerGroups.default.replicas=2" -}}
-{{- end -}}
-{{- if lt (int64 $replicas) $min -}}
-{{- fail (printf "workerGroups replicas add up to %d, fewer than job.minNodes (%d): the job (and its gang, minMember = job.minNodes) could never start; raise workerGroups.<name>.replicas or lower job.minNodes" (int64 $replicas) $min) -}}
-{{- end -}}
-{{- $names := dict -}}
-{{- range $name := $groups -}}
 {{- $sts := include "elastic-job.statefulsetName" (dict "root" $ "group" $name) -}}
 {{- if hasKey $names $sts -}}
 {{- fail (printf "workerGroups.%s and workerGroups.%s give the same StatefulSet name %q after cutting to 52 characters: shorten the group names or fullnameOverride" (index $names $sts) $name $sts) -}}
 {{- end -}}
 {{- $_ := set $names $sts $name -}}
+{{- end -}}
+{{- end -}}
+{{- if not $names -}}
+{{- fail "workerGroups has no group: define at least one, e.g. workerGroups.default.replicas=2" -}}
+{{- end -}}
+{{- if lt (int64 $replicas) $min -}}
+{{- fail (printf "workerGroups replicas add up to %d, fewer than job.minNodes (%d): the job (and its gang, minMember = job.minNodes) could never start; raise workerGroups.<name>.replicas or lower job.minNodes" (int64 $replicas) $min) -}}
 {{- end -}}
 {{- /* Workers and the bundled etcd share the namespace: pods, Services, NetworkPolicies. */ -}}
 {{- if include "elastic-job.etcdEnabled" . -}}
@@ -133,9 +131,9 @@ the elastic-job-cluster chart. The keys stay in the schema only to say where the
 {{- end -}}
 {{- end -}}
 {{- /* Names the chart sets on the worker container; the user's env must not repeat them. */ -}}
-{{- $owned := list "ELASTIC_JOB_ID" "ELASTIC_RDZV_ENDPOINT" "ELASTIC_RDZV_BACKEND" "ELASTIC_MIN_NODES" "ELASTIC_MAX_NODES" "ELASTIC_NPROC_PER_NODE" "ELASTIC_MAX_RESTARTS" "ELASTIC_RDZV_CONF" "ELASTIC_MONITOR_INTERVAL" "ELASTIC_LOSS_DETECTION" "ELASTIC_LIFELINE" "ELASTIC_LIFELINE_PORT" "ELASTIC_WARM_START" "ELASTIC_WARM_PRELOAD" "ELASTIC_GATE_TIMEOUT" "ELASTIC_GATE_PEERS" "ELASTIC_MESH_INTERFACES" "ELASTIC_MESH_REQUIRED" "ELASTIC_INJECT_ENV" "ELASTIC_GRACE_PERIOD" "ELASTIC_SCALE_DOWN" "ELASTIC_STATEFULSETS" "ELASTIC_RENDEZVOUS_STATEFULSET" "ELASTIC_GROUP" "ELASTIC_METRICS" "ELASTIC_METRICS_PORT" "ELASTIC_EVENTS" "CHECKPOINT_DIR" "POD_NAME" "POD_NAMESPACE" "POD_IP" "POD_UID" "NODE_NAME" -}}
-{{- range $name := $groups -}}
-{{- $g := index $v.workerGroups $name -}}
+{{- $owned := list "ELASTIC_JOB_ID" "ELASTIC_RDZV_ENDPOINT" "ELASTIC_RDZV_BACKEND" "ELASTIC_MIN_NODES" "ELASTIC_MAX_NODES" "ELASTIC_NPROC_PER_NODE" "ELASTIC_MAX_RESTARTS" "ELASTIC_RDZV_CONF" "ELASTIC_MONITOR_INTERVAL" "ELASTIC_LOSS_DETECTION" "ELASTIC_LIFELINE" "ELASTIC_LIFELINE_PORT" "ELASTIC_WARM_START" "ELASTIC_WARM_PRELOAD" "ELASTIC_GATE_TIMEOUT" "ELASTIC_GATE_PEERS" "ELASTIC_MESH_INTERFACES" "ELASTIC_MESH_REQUIRED" "ELASTIC_INJECT_ENV" "ELASTIC_GRACE_PERIOD" "ELASTIC_SCALE_DOWN" "ELASTIC_STATEFULSETS_FILE" "ELASTIC_RENDEZVOUS_STATEFULSET" "ELASTIC_GROUP" "ELASTIC_METRICS" "ELASTIC_METRICS_PORT" "ELASTIC_EVENTS" "CHECKPOINT_DIR" "POD_NAME" "POD_NAMESPACE" "POD_IP" "POD_UID" "NODE_NAME" -}}
+{{- range $name, $g := $v.workerGroups -}}
+{{- if $g -}}
 {{- $s := include "elastic-job.groupSettings" (dict "root" $ "name" $name "group" $g) | fromYaml -}}
 {{- range $key, $_ := $s.env -}}
 {{- if has $key $owned -}}
@@ -157,6 +155,7 @@ the elastic-job-cluster chart. The keys stay in the schema only to say where the
 {{- end -}}
 {{- if gt (float64 $shmBytes) (float64 $limitBytes) -}}
 {{- fail (printf "worker.shmSizeLimit (%s) exceeds the memory limit of workerGroups.%s (%s = %s): /dev/shm counts against it; lower worker.shmSizeLimit or raise the limit" $shm $name $where $limit) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from elastic_worker import kubeapi, kvstore
-from elastic_worker.config import Config, KubeApi
+from elastic_worker.config import Config, ConfigError, KubeApi, read_statefulsets
 
 logger = logging.getLogger(__name__)
 
@@ -151,10 +151,15 @@ def scale_to_zero(api: KubeApi, namespace: str, names: tuple[str, ...], timeout:
 def scale_down_after_success(config: Config) -> None:
     """The workers' StatefulSets, then the bundled etcd's last (so that its
     PodDisruptionBudget stops pinning a node); only with ELASTIC_SCALE_DOWN."""
-    names = config.statefulsets + (
-        (config.rendezvous_statefulset,) if config.rendezvous_statefulset else ()
-    )
-    if not (config.scale_down and names):
+    if not config.scale_down:
+        return
+    try:
+        workers = read_statefulsets(config.statefulsets_file)
+    except ConfigError as exc:
+        logger.warning("%s: scaling none of the workers' StatefulSets", exc)
+        workers = ()
+    names = workers + ((config.rendezvous_statefulset,) if config.rendezvous_statefulset else ())
+    if not names:
         return
     api = config.kube_api
     if api is None:

@@ -166,7 +166,7 @@ class Config:
     inject_env: Path
     grace_period: int
     scale_down: bool
-    statefulsets: tuple[str, ...]
+    statefulsets_file: Path | None
     rendezvous_statefulset: str
     pod_name: str
     group: str
@@ -269,6 +269,26 @@ def _bool(env: Mapping[str, str], name: str) -> bool:
 
 def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text(env, name).split(",") if item.strip())
+
+
+def read_statefulsets(path: Path | None) -> tuple[str, ...]:
+    """The StatefulSets named in ELASTIC_STATEFULSETS_FILE, one a line, read now rather than
+    at start: the kubelet updates a mounted ConfigMap, so a group added by an upgrade is
+    there when the job completes. () without a file; ConfigError when it cannot be used."""
+    if path is None:
+        return ()
+    try:
+        names = tuple(path.read_text().split())
+    except OSError as exc:
+        raise ConfigError(
+            f"ELASTIC_STATEFULSETS_FILE={path}: cannot read it: {exc.strerror}"
+        ) from None
+    for name in names:
+        if not _NAME.fullmatch(name):
+            raise ConfigError(
+                f"ELASTIC_STATEFULSETS_FILE={path}: {name!r} is not a Kubernetes name"
+            )
+    return names
 
 
 def parse_endpoint(raw: str, name: str = "ELASTIC_RDZV_ENDPOINT") -> Endpoint:
@@ -402,7 +422,7 @@ def load(
             f"ELASTIC_MAX_NODES={max_nodes} is below ELASTIC_MIN_NODES={min_nodes}: "
             "raise the maximum or lower the minimum"
         )
-    statefulsets = _list(env, "ELASTIC_STATEFULSETS")
+    statefulsets_file = text(env, "ELASTIC_STATEFULSETS_FILE")
     preload = _list(env, "ELASTIC_WARM_PRELOAD")
     for module in preload:
         if not _MODULE.fullmatch(module):
@@ -410,9 +430,6 @@ def load(
                 f"ELASTIC_WARM_PRELOAD has {module!r}, not a Python module name: list "
                 "importable modules separated by commas, e.g. torch,torchvision"
             )
-    for name in statefulsets:
-        if not _NAME.fullmatch(name):
-            raise ConfigError(f"ELASTIC_STATEFULSETS: {name!r} is not a Kubernetes name")
     rendezvous_statefulset = text(env, "ELASTIC_RENDEZVOUS_STATEFULSET")
     if rendezvous_statefulset and not _NAME.fullmatch(rendezvous_statefulset):
         raise ConfigError(
@@ -446,7 +463,7 @@ def load(
         inject_env=inject,
         grace_period=_int(env, "ELASTIC_GRACE_PERIOD"),
         scale_down=_bool(env, "ELASTIC_SCALE_DOWN"),
-        statefulsets=statefulsets,
+        statefulsets_file=Path(statefulsets_file) if statefulsets_file else None,
         rendezvous_statefulset=rendezvous_statefulset,
         pod_name=pod_name,
         group=text(env, "ELASTIC_GROUP"),

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from elastic_worker import kubeapi
-from elastic_worker.config import Config, KubeApi
+from elastic_worker.config import Config, ConfigError, KubeApi, read_statefulsets
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +177,11 @@ def recorder(config: Config) -> Recorder:
     pod = Target("v1", "Pod", config.pod_name, config.pod_uid)
     base, _, ordinal = config.pod_name.rpartition("-")
     sts = None
-    if ordinal.isdigit() and base in config.statefulsets:
+    try:
+        release = read_statefulsets(config.statefulsets_file)
+    except ConfigError as exc:
+        logger.warning("%s: recording Events on the pod only", exc)
+        release = ()
+    if ordinal.isdigit() and base in release:
         sts = Target("apps/v1", "StatefulSet", base)
     return Recorder(config.kube_api, config.pod_namespace, pod, sts, node=config.node_name)

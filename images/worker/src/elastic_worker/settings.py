@@ -264,15 +264,18 @@ SETTINGS: tuple[Setting, ...] = (
         "true",
         Source.VALUE,
         "rbac.scaleDown.enabled, with a service account and its token mounted",
-        "after success, scale ELASTIC_STATEFULSETS to 0 through the API server",
+        "after success, scale the StatefulSets of ELASTIC_STATEFULSETS_FILE to 0 through the API "
+        "server",
     ),
     Setting(
-        "ELASTIC_STATEFULSETS",
-        Kind.NAMES,
+        "ELASTIC_STATEFULSETS_FILE",
+        Kind.PATH,
         "",
         Source.DERIVED,
-        "this release's worker StatefulSets",
-        "the StatefulSets ELASTIC_SCALE_DOWN scales to 0",
+        "fixed (the release's ConfigMap named ...-statefulsets, mounted)",
+        "a file naming this release's worker StatefulSets, one a line, read when used: "
+        "ELASTIC_SCALE_DOWN scales them to 0, and a pod of one of them records Events on it; "
+        "empty: none",
     ),
     Setting(
         "ELASTIC_RENDEZVOUS_STATEFULSET",
@@ -280,7 +283,7 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         Source.DERIVED,
         "the bundled etcd's StatefulSet (empty with an external rendezvous)",
-        "scaled to 0 after ELASTIC_STATEFULSETS so nothing pins its node; a pod that cannot "
+        "scaled to 0 after the workers' StatefulSets so nothing pins its node; a pod that cannot "
         "reach etcd and finds it at 0 replicas takes the job as complete and exits 0",
     ),
     Setting(
@@ -354,7 +357,7 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         Source.KUBELET,
         "metadata.namespace",
-        "the namespace of ELASTIC_STATEFULSETS",
+        "the namespace of the StatefulSets this pod scales and records Events on",
     ),
     Setting(
         "POD_UID",
