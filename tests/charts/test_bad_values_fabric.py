@@ -120,6 +120,29 @@ CASES = [
     ),
     Bad("runtime-class-not-a-name", "worker.runtimeClassName", ("worker.runtimeClassName=A_B",)),
     Bad(
+        "runtime-class-longer-than-a-name",
+        "worker.runtimeClassName",
+        ("worker.runtimeClassName=" + "a" * 254,),
+        also=("253",),
+    ),
+    Bad(
+        "token-for-a-container-that-is-not-extra",
+        "worker.extraContainersWithToken[0]",
+        ("worker.extraContainersWithToken={worker}",),
+        also=("names no container of worker.extraInitContainers or worker.extraContainers",),
+    ),
+    Bad(
+        "token-for-an-extra-container-without-automount",
+        "worker.extraContainersWithToken[0]",
+        (
+            "worker.extraContainers[0].name=log-shipper",
+            "worker.extraContainers[0].image=b:1",
+            "worker.extraContainersWithToken={log-shipper}",
+            "worker.automountServiceAccountToken=false",
+        ),
+        also=("worker.automountServiceAccountToken is false",),
+    ),
+    Bad(
         "pull-secret-object-without-name",
         "worker.imagePullSecrets.0",
         values="worker:\n  imagePullSecrets:\n    - {nmae: regcred}\n",

@@ -107,6 +107,14 @@ def test_runtime_class_and_topology_spread() -> None:
     assert constraint["topologyKey"] == "topology.kubernetes.io/zone"
 
 
+def test_runtime_class_of_253_characters_the_longest_name_renders() -> None:
+    """worker.runtimeClassName: a DNS subdomain of up to 253 characters (254 is refused,
+    test_bad_values_fabric.py)."""
+    name = ".".join(["a" * 63] * 4)[:253]
+    (sts,) = worker_statefulsets(objects(ELASTIC_JOB, sets=[f"worker.runtimeClassName={name}"]))
+    assert pod_spec(sts)["runtimeClassName"] == name
+
+
 def test_a_groups_topology_spread_replaces_the_workers() -> None:
     objs = objects(
         ELASTIC_JOB,
@@ -128,6 +136,66 @@ def test_a_groups_topology_spread_replaces_the_workers() -> None:
     assert [c["topologyKey"] for c in by_group["default"]["topologySpreadConstraints"]] == [
         "topology.kubernetes.io/zone"
     ]
+
+
+def _spread_by_group(objs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], Any]]:
+    """group -> (its StatefulSet's selector, its pods' topologySpreadConstraints)."""
+    return {
+        s["metadata"]["labels"]["elastic-job.pytorch.org/group"]: (
+            s["spec"]["selector"]["matchLabels"],
+            pod_spec(s)["topologySpreadConstraints"],
+        )
+        for s in worker_statefulsets(objs)
+    }
+
+
+def test_a_worker_spread_without_label_selector_spreads_each_groups_pods() -> None:
+    """worker.topologySpreadConstraints without labelSelector: each group's constraint
+    selects that group's pods (its StatefulSet's selector), not none."""
+    objs = objects(ELASTIC_JOB, values=[ELASTIC_JOB / "ci" / "multigroup-values.yaml"])
+    by_group = _spread_by_group(objs)
+    assert sorted(by_group) == ["anchor", "spot"]
+    for sts in worker_statefulsets(objs):
+        selector, (constraint,) = by_group[
+            sts["metadata"]["labels"]["elastic-job.pytorch.org/group"]
+        ]
+        assert constraint["labelSelector"] == {"matchLabels": selector}
+        assert selector.items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+        assert constraint["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_a_groups_spread_without_label_selector_spreads_that_groups_pods() -> None:
+    """workerGroups.<name>.topologySpreadConstraints without labelSelector: the group's
+    selector; matchLabelKeys keep their keys (the API refuses a key in both)."""
+    group = "workerGroups.big.topologySpreadConstraints[0]"
+    objs = objects(
+        ELASTIC_JOB,
+        sets=[
+            "workerGroups.big.replicas=1",
+            f"{group}.maxSkew=1",
+            f"{group}.topologyKey=topology.kubernetes.io/zone",
+            f"{group}.whenUnsatisfiable=DoNotSchedule",
+            f"{group}.matchLabelKeys[0]=app.kubernetes.io/instance",
+        ],
+    )
+    (sts,) = [s for s in worker_statefulsets(objs) if s["metadata"]["name"].endswith("-big")]
+    selector = sts["spec"]["selector"]["matchLabels"]
+    (constraint,) = pod_spec(sts)["topologySpreadConstraints"]
+    assert constraint["labelSelector"] == {
+        "matchLabels": {k: v for k, v in selector.items() if k != "app.kubernetes.io/instance"}
+    }
+    assert constraint["matchLabelKeys"] == ["app.kubernetes.io/instance"]
+    assert selector["elastic-job.pytorch.org/group"] == "big"
+
+
+def test_a_spread_with_its_own_label_selector_is_kept_as_written() -> None:
+    (constraint,) = pod_spec(_worker(FABRIC))["topologySpreadConstraints"]
+    assert constraint["labelSelector"] == {
+        "matchLabels": {
+            "app.kubernetes.io/instance": "run42",
+            "app.kubernetes.io/component": "worker",
+        }
+    }
 
 
 def test_env_from_reaches_the_worker_container_only() -> None:

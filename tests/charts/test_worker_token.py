@@ -1,6 +1,7 @@
 """The ServiceAccount token in the worker pods: init-topology reads its Node with it; the
 worker container, where the user's training code runs, sees it only when the job scales
-itself down (ELASTIC_SCALE_DOWN)."""
+itself down (ELASTIC_SCALE_DOWN) or records Events; extra containers only when
+worker.extraContainersWithToken names them."""
 
 from __future__ import annotations
 
@@ -68,3 +69,59 @@ def test_no_token_and_no_grant_when_automount_is_off() -> None:
     assert all(m["mountPath"] != TOKEN_DIR for m in container(sts, "worker")["volumeMounts"])
     for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
         assert not of_kind(objs, kind), kind
+
+
+# --- extra containers (worker.extraInitContainers, worker.extraContainers) ---------------
+
+SIDECARS = [
+    "worker.extraInitContainers[0].name=fabric-daemon",
+    "worker.extraInitContainers[0].image=registry.example.com/fabric-daemon:3.1.4",
+    "worker.extraInitContainers[0].restartPolicy=Always",
+    "worker.extraContainers[0].name=log-shipper",
+    "worker.extraContainers[0].image=registry.example.com/log-shipper:0.9.1",
+]
+
+
+@pytest.mark.parametrize(
+    "sets", [(), ("events.enabled=true",), ("rbac.scaleDown.enabled=false",)], ids=str
+)
+def test_extra_containers_get_no_token_whatever_the_worker_gets(sets: tuple[str, ...]) -> None:
+    """worker.extraInitContainers (a native sidecar too) and worker.extraContainers: an
+    empty volume over the token's path, whether or not the worker container sees it
+    (rbac.scaleDown, events): a fabric daemon or log shipper cannot scale the job to 0."""
+    sts = _sts(*SIDECARS, *sets)
+    spec = pod_spec(sts)
+    assert _token_containers(spec) & {"fabric-daemon", "log-shipper"} == set()
+    assert "init-topology" in _token_containers(spec)
+    for name in ("fabric-daemon", "log-shipper"):
+        mounts = container(sts, name)["volumeMounts"]
+        [mount] = [m for m in mounts if m["mountPath"] == TOKEN_DIR]
+        assert mount["readOnly"] is True
+        [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        assert set(volume) == {"name", "emptyDir"}
+
+
+def test_extra_containers_with_token_names_those_that_see_it() -> None:
+    """worker.extraContainersWithToken: the listed container gets the token as the kubelet
+    mounts it; the others still do not."""
+    spec = pod_spec(_sts(*SIDECARS, "worker.extraContainersWithToken={log-shipper}"))
+    assert _token_containers(spec) == {"init-topology", "worker", "log-shipper"}
+
+
+def test_an_extra_container_that_mounts_its_own_token_keeps_it() -> None:
+    """An extra container with its own volume at the token's path (a projected token for
+    another audience) keeps it: no second mount at the same path."""
+    sts = _sts(
+        *SIDECARS,
+        "worker.extraContainers[0].volumeMounts[0].name=vault-token",
+        f"worker.extraContainers[0].volumeMounts[0].mountPath={TOKEN_DIR}/",
+    )
+    mounts = container(sts, "log-shipper")["volumeMounts"]
+    assert [m["name"] for m in mounts] == ["vault-token"]
+
+
+def test_no_cover_volume_without_a_mounted_token() -> None:
+    """worker.automountServiceAccountToken=false: no container has a token to hide."""
+    spec = pod_spec(_sts(*SIDECARS, "worker.automountServiceAccountToken=false"))
+    assert all(v["name"] != "no-api-token" for v in spec["volumes"])
+    assert _token_containers(spec) == set()

@@ -306,6 +306,71 @@ topologySpreadConstraints, resources, gpus, priorityClassName) replace when the 
 {{- toYaml $out -}}
 {{- end -}}
 
+{{/*
+A group's topologySpreadConstraints as rendered. A constraint without a labelSelector
+counts no pod, so it would spread nothing: it gets the group's StatefulSet selector, as
+kube-scheduler's own default constraints are given their pod's workload's. Keys its
+matchLabelKeys name are left to them (the API refuses a key in both; the pod's own label
+selects the same). Call with (dict "root" $ "group" <name> "constraints" <list>).
+*/}}
+{{- define "elastic-job.topologySpreadConstraints" -}}
+{{- $selector := include "elastic-job.selectorLabels" (dict "root" .root "component" "worker") | fromYaml -}}
+{{- $_ := set $selector "elastic-job.pytorch.org/group" .group -}}
+{{- $out := list -}}
+{{- range $c := .constraints -}}
+{{- $c = deepCopy $c -}}
+{{- if kindIs "invalid" $c.labelSelector -}}
+{{- $matchLabels := deepCopy $selector -}}
+{{- range $key := $c.matchLabelKeys | default list -}}
+{{- $_ := unset $matchLabels $key -}}
+{{- end -}}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" $matchLabels) -}}
+{{- end -}}
+{{- $out = append $out $c -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* Where the kubelet mounts a pod's ServiceAccount token. */}}
+{{- define "elastic-job.tokenDir" -}}
+/var/run/secrets/kubernetes.io/serviceaccount
+{{- end -}}
+
+{{/*
+"true" when an extra container of the worker pods gets the empty volume over the token's
+path: the pod mounts the token, the container is not in worker.extraContainersWithToken,
+and it mounts nothing there itself (the API refuses two mounts at one path). Call with
+(dict "root" $ "container" <Container>).
+*/}}
+{{- define "elastic-job.sidecarHidesToken" -}}
+{{- $w := .root.Values.worker -}}
+{{- $dir := include "elastic-job.tokenDir" . -}}
+{{- $own := false -}}
+{{- range $m := .container.volumeMounts | default list }}{{ if eq (trimSuffix "/" $m.mountPath) $dir }}{{ $own = true }}{{ end }}{{ end -}}
+{{- if and $w.automountServiceAccountToken (not (has .container.name ($w.extraContainersWithToken | default list))) (not $own) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
+worker.extraInitContainers or worker.extraContainers as rendered: each container that
+does not see the token (elastic-job.sidecarHidesToken) gets the no-api-token volume over
+its path. Call with (dict "root" $ "containers" <list>).
+*/}}
+{{- define "elastic-job.extraContainers" -}}
+{{- $root := .root -}}
+{{- $out := list -}}
+{{- range $c := .containers -}}
+{{- if include "elastic-job.sidecarHidesToken" (dict "root" $root "container" $c) -}}
+{{- $c = deepCopy $c -}}
+{{- $mount := dict "name" "no-api-token" "mountPath" (include "elastic-job.tokenDir" $root) "readOnly" true -}}
+{{- $_ := set $c "volumeMounts" (append ($c.volumeMounts | default list) $mount) -}}
+{{- end -}}
+{{- $out = append $out $c -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
 {{/* The worker container's resources: the group's, with its GPUs added to requests and limits. */}}
 {{- define "elastic-job.workerResources" -}}
 {{- $res := deepCopy (.settings.resources | default dict) -}}

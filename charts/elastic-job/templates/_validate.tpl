@@ -204,6 +204,14 @@ replicas makes no Workload until it is scaled up. */ -}}
 {{- $_ := set $seen $c.name (printf "worker.%s[%d]" $list $i) -}}
 {{- end -}}
 {{- end -}}
+{{- range $i, $name := $w.extraContainersWithToken -}}
+{{- if not $w.automountServiceAccountToken -}}
+{{- fail (printf "worker.extraContainersWithToken[%d] is %q but worker.automountServiceAccountToken is false: no container gets the token; set it to true or empty the list" $i $name) -}}
+{{- end -}}
+{{- if or (not (hasKey $seen $name)) (has $name (list "init-topology" "worker")) -}}
+{{- fail (printf "worker.extraContainersWithToken[%d] is %q, which names no container of worker.extraInitContainers or worker.extraContainers: list only their names" $i $name) -}}
+{{- end -}}
+{{- end -}}
 {{- range $at, $img := dict "initTopology.image" $v.initTopology.image "worker.image" $w.image "tests.image" $v.tests.image -}}
 {{- if and $img.digest (contains "@" ($img.tag | toString)) -}}
 {{- fail (printf "%s.tag %q already holds a digest and %s.digest is set too: keep one (%s.digest, with the plain tag)" $at ($img.tag | toString) $at $at) -}}
