@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from testlib import EtcdServer, etcd_command, free_port
+from testlib import EtcdServer, etcd_binary, etcd_command, free_port
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -46,8 +46,9 @@ def _ca(cwd: Path, name: str) -> None:
 
 @dataclass(frozen=True)
 class Pki:
-    """Files of a CA, etcd's server certificate, a client certificate it signed, and a
-    second CA (`rogue`) with a client certificate of its own."""
+    """Files of a CA, etcd's server certificate, a client certificate it signed, one it
+    signed for server authentication only (`server-usage-client`), and a second CA
+    (`rogue`) with a client certificate of its own."""
 
     dir: Path
 
@@ -77,6 +78,10 @@ def make_pki(cwd: Path) -> Pki:
     for name, ca in (("client", "ca"), ("rogue-client", "rogue")):
         _key_and_csr(cwd, name, "elastic-worker")
         _sign(cwd, name, ca, "extendedKeyUsage=clientAuth\n")
+    # Signed by the right CA, but for servers only: etcd refuses it ("certificate
+    # specifies an incompatible key usage" in its log).
+    _key_and_csr(cwd, "server-usage-client", "elastic-worker")
+    _sign(cwd, "server-usage-client", "ca", "extendedKeyUsage=serverAuth\n")
     return Pki(cwd)
 
 
@@ -100,11 +105,10 @@ def tls_flags(rendered: list[str], pki: Pki) -> list[str]:
     return out
 
 
-def start_tls_etcd(data_dir: Path, pki: Pki, flags: list[str]) -> EtcdServer:
-    """etcd serving HTTPS only on its client port, with the TLS `flags` (tls_flags)."""
-    etcd = shutil.which("etcd")
-    if etcd is None:
-        pytest.fail("etcd is not installed: run scripts/bootstrap (apt-get install etcd-server)")
+def start_tls_etcd(data_dir: Path, pki: Pki, flags: list[str], version: str = "3.4") -> EtcdServer:
+    """etcd serving HTTPS only on its client port, with the TLS `flags` (tls_flags); its
+    log is `<data_dir>.log`."""
+    etcd = etcd_binary(version)
     client, peer = free_port(), free_port()
     cmd = etcd_command(etcd, data_dir, "127.0.0.1", client, peer, v2=True, scheme="https")
     cmd += flags

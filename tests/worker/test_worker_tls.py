@@ -24,7 +24,7 @@ from charts.chart_render import (
 from charts.chart_render import worker_statefulsets as rendered_worker_statefulsets
 from elastic_worker import completion, config, epoch, etcdv2, gate
 from etcd_tls import Pki, make_pki, start_tls_etcd, tls_flags
-from testlib import EtcdServer
+from testlib import ETCD_VERSIONS, EtcdServer
 from worker_helpers import WORKER, Agent, worker_env
 
 # The chart's two TLS configurations: server TLS (the bundled etcd's certificate from a
@@ -177,6 +177,19 @@ def run_worker(conf: str, endpoint: str, job: str, **extra: str) -> tuple[int, l
             ),
         ),
         (
+            "a client certificate without the client-auth usage",
+            "mutual",
+            "ca",
+            "server-usage-client",
+            (
+                "etcd refused this worker's client certificate (",
+                "): ELASTIC_RDZV_CONF ssl_cert (chart: rendezvous.tls.clientCertSecret)=",
+                "extended key usage",
+                "clientAuth",
+                "certificate specifies an incompatible key usage",
+            ),
+        ),
+        (
             "the wrong CA",
             "server",
             "rogue",
@@ -208,6 +221,53 @@ def test_a_tls_refusal_is_one_line_naming_the_setting_and_exit_2(  # noqa: PLR09
     assert errors[0].startswith(f"elastic-worker: rendezvous endpoint https://{etcd.endpoint}: ")
     for part in names:
         assert part in errors[0], errors[0]
+    if client != "server-usage-client":  # the key usage only when it is the cause
+        assert "key usage" not in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("version", ETCD_VERSIONS)
+def test_a_client_certificate_without_client_auth_is_named_as_etcd_logs_it(
+    version: str, pki: Pki, tmp_path: Path
+) -> None:
+    """A client certificate signed by etcd's CA for serverAuth only: etcd answers with the
+    bad_certificate alert, as for other causes, and logs "certificate specifies an
+    incompatible key usage"; the worker's one line names that cause, in etcd's words, and
+    how to issue the certificate instead of blaming its CA or expiry."""
+    data = tmp_path / "etcd-usage"
+    etcd = start_tls_etcd(data, pki, etcd_flags("mutual", pki), version=version)
+    try:
+        conf = mounted_conf(
+            pki, tmp_path / "mnt", mutual=True, ca="ca", client="server-usage-client"
+        )
+        code, lines, _ = run_worker(conf, etcd.endpoint, "usage", ELASTIC_GATE_TIMEOUT="120")
+    finally:
+        etcd.stop()
+    etcd_log = (tmp_path / "etcd-usage.log").read_text()
+    assert "x509: certificate specifies an incompatible key usage" in etcd_log
+    assert code == 2, lines
+    assert lines[-1] == (
+        f"elastic-worker: rendezvous endpoint https://{etcd.endpoint}: etcd refused this "
+        "worker's client certificate (the server sent SSLV3_ALERT_BAD_CERTIFICATE): "
+        "ELASTIC_RDZV_CONF ssl_cert (chart: rendezvous.tls.clientCertSecret)="
+        f"{tmp_path}/mnt/client/tls.crt allows no client authentication: its certificate has "
+        "extended key usage serverAuth, without clientAuth (etcd's log: \"certificate "
+        'specifies an incompatible key usage"); issue it for client auth (cert-manager: '
+        "usages [client auth]; openssl: extendedKeyUsage=clientAuth)"
+    ), lines
+
+
+def test_the_alerts_of_newer_etcd_builds_name_their_cause(pki: Pki) -> None:
+    """etcd built with Go 1.20 or later sends unknown_ca and certificate_expired for those
+    causes (bad_certificate for the rest): the line says which, whatever the usages."""
+    cert = Path(pki.path("server-usage-client.crt"))
+    assert "not signed by a CA etcd trusts" in gate.client_cert_fault(
+        "the server sent TLSV1_ALERT_UNKNOWN_CA", cert
+    )
+    assert "has expired" in gate.client_cert_fault(
+        "the server sent SSLV3_ALERT_CERTIFICATE_EXPIRED", cert
+    )
+    generic = gate.client_cert_fault("the server sent SSLV3_ALERT_BAD_CERTIFICATE", Path("/none"))
+    assert "allow client authentication" in generic
 
 
 def test_https_to_a_plain_etcd_names_the_protocol_and_exits_2(

@@ -14,8 +14,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from elastic_worker import exits, kvstore, netif
+from elastic_worker import certusage, exits, kvstore, netif
 from elastic_worker.config import Config, RdzvTls
 
 logger = logging.getLogger(__name__)
@@ -158,10 +159,36 @@ def tls_refused_message(exc: kvstore.TlsRefused, config: Config) -> str:
             f"rendezvous endpoint {url}: etcd requires a client certificate ({exc}) and "
             f"{RdzvTls.setting('ssl_cert')} is not set; give one signed by etcd's trusted CA"
         )
+    refused = f"rendezvous endpoint {url}: etcd refused this worker's client certificate ({exc})"
+    cert = f"{RdzvTls.setting('ssl_cert')}={tls.cert}"
+    return f"{refused}: {cert} {client_cert_fault(str(exc), Path(tls.cert))}"
+
+
+def client_cert_fault(alert: str, cert: Path) -> str:
+    """What is wrong with a client certificate etcd refused, as far as the alert and the
+    certificate itself tell (etcd's reason is in its log only). etcd built with Go 1.20
+    or later names an unknown CA and an expiry in its alert; every other refusal, and all
+    of them from older builds, is bad_certificate."""
+    if "UNKNOWN_CA" in alert:
+        return "is not signed by a CA etcd trusts (its --trusted-ca-file): give one that is"
+    if "CERTIFICATE_EXPIRED" in alert:
+        return "has expired or is not valid yet: renew it"
+    try:
+        refused = certusage.refused_usages(cert)
+    except (OSError, ValueError):
+        refused = None
+    if refused is not None:
+        index, usages = refused
+        which = "its certificate" if index == 0 else f"certificate {index + 1} of its chain"
+        return (
+            f"allows no client authentication: {which} has extended key usage "
+            f"{certusage.describe(usages)}, without clientAuth (etcd's log: \"certificate "
+            'specifies an incompatible key usage"); issue it for client auth (cert-manager: '
+            "usages [client auth]; openssl: extendedKeyUsage=clientAuth)"
+        )
     return (
-        f"rendezvous endpoint {url}: etcd refused this worker's client certificate ({exc}): "
-        f"{RdzvTls.setting('ssl_cert')}={tls.cert} must be signed by a CA etcd trusts "
-        "(its --trusted-ca-file) and not expired"
+        "must be signed by a CA etcd trusts (its --trusted-ca-file), be valid now and allow "
+        "client authentication (extendedKeyUsage clientAuth, or none)"
     )
 
 
