@@ -106,3 +106,17 @@ def test_a_group_at_zero_replicas_is_allowed() -> None:
     )
     replicas = {s["metadata"]["name"]: s["spec"]["replicas"] for s in worker_statefulsets(objs)}
     assert replicas == {f"{RELEASE}-elastic-job-default": 2, f"{RELEASE}-elastic-job-later": 0}
+
+
+def test_every_doc_names_the_same_minimum_kueue_version() -> None:
+    """v0.10.2: the first release with both the serving pod group (v0.10.0) and the
+    priority-class label copied to a StatefulSet's pods (v0.10.2); the chart README, the
+    values' comment and the Kueue example say it, and none still says v0.9."""
+    docs = {
+        "README": (ELASTIC_JOB / "README.md").read_text(),
+        "values.yaml": (ELASTIC_JOB / "values.yaml").read_text(),
+        "example": (EXAMPLES / "kueue-two-groups.yaml").read_text(),
+    }
+    for name, text in docs.items():
+        assert "v0.10.2" in text, name
+        assert "v0.9+" not in text and "v0.9 or later" not in text, name

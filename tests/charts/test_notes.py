@@ -48,3 +48,13 @@ def test_notes_name_the_rendezvous_backend() -> None:
     assert "Rendezvous (etcd-v3): " in _notes(ELASTIC_JOB, "global.rendezvousBackend=etcd-v3")
     assert "(v2 API on, for etcd-v2 clients)" in _notes(ETCD)
     assert "(v2 API off, for etcd-v3 clients)" in _notes(ETCD, "global.rendezvousBackend=etcd-v3")
+
+
+def test_under_kueue_the_notes_resize_a_group_through_zero() -> None:
+    """gang.kueue.enabled: `kubectl scale` between two non-zero sizes bypasses Kueue's
+    webhook and its accounting, so the resize hint goes through 0; without Kueue, directly."""
+    kueue = _notes(ELASTIC_JOB, "gang.kueue.enabled=true", "gang.kueue.queueName=team-a")
+    resize = kueue.split("Resize it", 1)[1].split("Stop it", 1)[0]
+    assert resize.index("--replicas=0") < resize.index("--replicas=N"), resize
+    plain = _notes(ELASTIC_JOB).split("Resize it", 1)[1].split("Stop it", 1)[0]
+    assert "--replicas=0" not in plain and "--replicas=N" in plain
