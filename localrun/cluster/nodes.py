@@ -23,6 +23,7 @@ NODE_PROFILES: dict[str, tuple[str, ...]] = {
         "aks-nd-h100-v5-hostdev",
         "gke-a3-ultra-h200-rdma",
         "oke-bm-gpu-h100-rdma",
+        "coreweave-h100-infiniband-labels",
         "cpu-bare",
     ),
     # A small CPU cluster for the local runner: workers on spot and on-demand capacity in

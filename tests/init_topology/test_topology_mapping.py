@@ -127,6 +127,21 @@ EXPECTED: dict[str, dict[str, str]] = {
         "NODE_TOPOLOGY_SOURCE": "api",
         "NCCL_IB_DISABLE": "0",
     },
+    # CoreWeave, its labels only (no feature discovery labels, no RDMA device resource):
+    # the GPU class names the model, the backend/ib labels the InfiniBand fabric.
+    "coreweave-h100-infiniband-labels": {
+        "NODE_NAME": "gd92a1c",
+        "NODE_PROVIDER": "",
+        "NODE_REGION": "US-EAST-04",
+        "NODE_ZONE": "US-EAST-04A",
+        "NODE_INSTANCE_TYPE": "gd-8xh100ib-i128",
+        "NODE_GPU_MODEL": "H100_NVLINK_80GB",
+        "NODE_GPU_COUNT": "8",
+        "NODE_CAPACITY_TYPE": "unknown",
+        "NODE_FABRIC": "infiniband",
+        "NODE_TOPOLOGY_SOURCE": "api",
+        "NCCL_IB_DISABLE": "0",
+    },
     # OKE: spec.providerID is the bare instance OCID; NFD sees the ConnectX NICs; OCI's
     # RDMA cluster networks are RoCE v2.
     "oke-bm-gpu-h100-rdma": {
@@ -327,6 +342,14 @@ MELLANOX = {"feature.node.kubernetes.io/pci-15b3.present": "true"}
         ({}, {"network.nvidia.com/operator.mofed.wait": "false"}, "kind", "", "unknown"),
         ({"rdma/ib": "0"}, {}, "", "", "unknown"),
         ({"example.com/lib": "1", "nvidia.com/gpu": "8"}, {}, "", "", "unknown"),
+        # CoreWeave: the backend fabric's flavor, else its InfiniBand-only labels.
+        ({}, {"backend.coreweave.cloud/flavor": "infiniband"}, "", "", "infiniband"),
+        ({}, {"backend.coreweave.cloud/flavor": "roce"}, "", "", "roce"),
+        ({"rdma/ib": "1"}, {"backend.coreweave.cloud/flavor": "roce"}, "", "", "roce"),
+        ({}, {"ib.coreweave.cloud/fabric": "us-east-04a-ib-01"}, "", "", "infiniband"),
+        ({}, {"ib.coreweave.cloud/leafgroup": "12"}, "", "", "infiniband"),
+        ({}, {"backend.coreweave.cloud/flavor": "other"}, "", "", "unknown"),
+        ({}, {"node.coreweave.cloud/rack": "42"}, "", "", "unknown"),
         ({}, {}, "", "", "unknown"),
         ({}, {}, "kind", "c-4x-amd64-linux", "unknown"),
     ],
@@ -365,6 +388,47 @@ def test_gpu_count_prefers_allocatable_then_discovery_labels() -> None:
     assert gpus(labels, {}) == ("NVIDIA-L4", "4")
     assert gpus({}, {"nvidia.com/gpu": "0"}) == ("", "0")
     assert gpus({"karpenter.k8s.aws/instance-gpu-count": "1"}, {}) == ("", "1")
+
+
+def test_gpu_model_from_coreweaves_gpu_class_label() -> None:
+    """CoreWeave's gpu.nvidia.com/class names the model when feature discovery does not."""
+    assert gpus({"gpu.nvidia.com/class": "H100_NVLINK_80GB"}, {"nvidia.com/gpu": "8"}) == (
+        "H100_NVLINK_80GB",
+        "8",
+    )
+    both = {"gpu.nvidia.com/class": "H100_NVLINK_80GB", "nvidia.com/gpu.product": "NVIDIA-H100"}
+    assert gpus(both, {})[0] == "NVIDIA-H100"
+
+
+@pytest.mark.parametrize(
+    ("labels", "provider_id", "region", "zone"),
+    [
+        # No topology labels: GCE's providerID names the zone, and the zone its region.
+        ({}, "gce://ml-proj/us-central1-c/gke-train-pool-1-abcd", "us-central1", "us-central1-c"),
+        ({}, "gce://p/europe-west4-b/n", "europe-west4", "europe-west4-b"),
+        # A region label but no zone label: the label's region stays.
+        ({"topology.kubernetes.io/region": "r1"}, "gce://p/us-east4-a/n", "r1", "us-east4-a"),
+        # Labels win over providerID.
+        (
+            {"topology.kubernetes.io/region": "us-central1", "topology.kubernetes.io/zone": "z"},
+            "gce://p/us-central1-a/n",
+            "us-central1",
+            "z",
+        ),
+        # Other providers and shapes say nothing of a zone here.
+        ({}, "aws:///us-east-1a/i-0abc", "", ""),
+        ({}, "gce://p/n", "", ""),
+        ({}, "gce://p/not a zone/n", "", ""),
+        ({}, "", "", ""),
+    ],
+)
+def test_zone_and_region_from_a_gce_provider_id_without_topology_labels(
+    labels: dict[str, str], provider_id: str, region: str, zone: str
+) -> None:
+    node = node_with(labels)
+    node["spec"]["providerID"] = provider_id
+    got = node_variables("n", node)
+    assert (got["NODE_REGION"], got["NODE_ZONE"]) == (region, zone)
 
 
 def test_gpu_model_prefers_feature_discovery_over_provider_labels() -> None:

@@ -37,6 +37,7 @@ GPU_MODEL = (
     "cloud.google.com/gke-accelerator",  # GKE
     "karpenter.k8s.aws/instance-gpu-name",  # Karpenter on AWS
     "k8s.amazonaws.com/accelerator",  # EKS GPU AMIs / eksctl
+    "gpu.nvidia.com/class",  # CoreWeave: H100_NVLINK_80GB, A100_NVLINK_80GB, ...
 )
 GPU_COUNT = ("nvidia.com/gpu.count", "karpenter.k8s.aws/instance-gpu-count")
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -79,6 +80,15 @@ GCE_ROCE_MACHINE_PREFIXES = ("a3-ultragpu-", "a4-highgpu-", "a4x-highgpu-", "a4x
 GCE_OTHER_RDMA_MACHINE_PREFIXES = ("h4d-",)
 #: An Azure VM size: Standard_<family><vCPUs>[-<constrained vCPUs>]<additive features>_...
 _AZURE_SIZE = re.compile(r"(?i:standard)_[A-Z]+\d+(?:-\d+)?(?P<features>[a-z]*)(?:_|$)")
+
+#: CoreWeave's fabric labels: backend.coreweave.cloud/flavor names the backend fabric
+#: (infiniband, roce); the ib.coreweave.cloud/ labels (fabric, leafgroup, speed, superpod,
+#: ...) are put on InfiniBand nodes only.
+COREWEAVE_FLAVOR = "backend.coreweave.cloud/flavor"
+COREWEAVE_IB_PREFIX = "ib.coreweave.cloud/"
+
+#: A GCE zone, `<region>-<zone letter>` (us-central1-a, europe-west4-b).
+_GCE_ZONE = re.compile(r"(?P<region>[a-z]+-[a-z]+[0-9]+)-[a-z0-9]+")
 
 GKE_NODEPOOL = "cloud.google.com/gke-nodepool"
 AKS_AGENTPOOL = "kubernetes.azure.com/agentpool"
@@ -135,6 +145,24 @@ def provider(node: Node) -> str:
     if match:
         return match.group(1)
     return "oci" if provider_id.startswith(OCI_INSTANCE_OCID_PREFIX) else ""
+
+
+def provider_zone(node: Node) -> str:
+    """The zone spec.providerID names, for a Node whose labels name none: GCE writes
+    `gce://<project>/<zone>/<instance>`; "" for any other provider or shape."""
+    provider_id = _mapping(node.get("spec")).get("providerID")
+    if not isinstance(provider_id, str) or not provider_id.startswith("gce://"):
+        return ""
+    parts = provider_id.removeprefix("gce://").split("/")
+    if len(parts) == 3 and _GCE_ZONE.fullmatch(parts[1]):
+        return parts[1]
+    return ""
+
+
+def zone_region(zone: str) -> str:
+    """The region of a GCE zone (us-central1-a -> us-central1); "" for anything else."""
+    match = _GCE_ZONE.fullmatch(zone)
+    return match["region"] if match else ""
 
 
 def capacity_type(labels: Mapping[str, str]) -> str:
@@ -213,18 +241,22 @@ def fabric(
     written. In order:
 
     1. allocatable vpc.amazonaws.com/efa > 0: efa.
-    2. An RDMA device resource whose name tells its link layer (`ib`, `infiniband` ->
+    2. The provider's own fabric labels (`labelled_fabric`: CoreWeave's): what they say.
+    3. An RDMA device resource whose name tells its link layer (`ib`, `infiniband` ->
        infiniband; `roce`, `eth`, `ethernet` -> roce): that.
-    3. The provider's instance type (`provider_fabric`): infiniband or roce as it says;
+    4. The provider's instance type (`provider_fabric`): infiniband or roce as it says;
        ethernet as it says unless a device resource that is or may be RDMA is advertised
        (NFD's host hints do not count there: Azure's accelerated networking is a Mellanox
        VF, EFA loads ib_uverbs).
-    4. Any RDMA evidence (resource or NFD label): the provider's only RDMA link (Azure
+    5. Any RDMA evidence (resource or NFD label): the provider's only RDMA link (Azure
        InfiniBand, GCE and OCI RoCE), else unknown.
-    5. Nothing known: unknown.
+    6. Nothing known: unknown.
     """
     if _positive(allocatable.get(EFA_RESOURCE)):
         return "efa"
+    labelled = labelled_fabric(labels)
+    if labelled:
+        return labelled
     rdma, maybe, link = _rdma_resources(allocatable)
     if link:
         return link
@@ -236,6 +268,20 @@ def fabric(
     if rdma or maybe or _rdma_labels(labels):
         return PROVIDER_RDMA_LINK.get(node_provider, UNKNOWN)
     return UNKNOWN
+
+
+def labelled_fabric(labels: Mapping[str, str]) -> str | None:
+    """The fabric a provider's own labels name; None where they name none.
+
+    CoreWeave: `backend.coreweave.cloud/flavor` is `infiniband` or `roce`; without it (older
+    nodes), any `ib.coreweave.cloud/` label marks an InfiniBand node.
+    """
+    flavor = labels.get(COREWEAVE_FLAVOR, "").strip().lower()
+    if flavor in ("infiniband", "roce"):
+        return flavor
+    if any(key.startswith(COREWEAVE_IB_PREFIX) for key in labels):
+        return "infiniband"
+    return None
 
 
 def provider_fabric(node_provider: str, instance_type: str) -> str | None:
@@ -318,11 +364,17 @@ def node_variables(node_name: str, node: Node | None) -> Variables:
     node_provider = provider(node)
     model, count = gpus(labels, allocatable)
     instance_type = first_label(labels, INSTANCE_TYPE) or ""
+    # Labels first; a Node without topology labels may still name its zone in providerID.
+    zone = first_label(labels, ZONE)
+    region = first_label(labels, REGION)
+    if zone is None:
+        zone = provider_zone(node)
+        region = region if region is not None else zone_region(zone)
     variables = {
         "NODE_NAME": node_name,
         "NODE_PROVIDER": node_provider,
-        "NODE_REGION": first_label(labels, REGION) or "",
-        "NODE_ZONE": first_label(labels, ZONE) or "",
+        "NODE_REGION": region or "",
+        "NODE_ZONE": zone,
         "NODE_INSTANCE_TYPE": instance_type,
         "NODE_GPU_MODEL": model,
         "NODE_GPU_COUNT": count,
