@@ -445,7 +445,7 @@ CKV_K8S_13: "the chart cannot size a training pod, and a memory limit hit mid-st
 CKV_K8S_22: "the user's training code and its libraries write caches (torch compile, triton) under /tmp and $HOME and outputs where they like; worker.containerSecurityContext can make the root read-only"
 CKV_K8S_25: "capabilities were added by the user (worker.containerSecurityContext, worker.initContainerSecurityContext or an extra container), e.g. IPC_LOCK for RDMA or a fabric daemon's NET_ADMIN"
 CKV_K8S_35: "the user passes a Secret by environment (worker.envFrom or worker.env valueFrom) to the training script, which reads it there"
-CKV_K8S_38: "init-topology reads its Node through the API (the elastic-job-cluster chart binds get on nodes); the worker container sees the token only when it scales the job down"
+CKV_K8S_38: "init-topology reads its Node through the API (the elastic-job-cluster chart binds get on nodes); the worker container sees the token only when it scales the job down or records Events, an extra container only when worker.extraContainersWithToken names it"
 CKV_K8S_19: "worker.hostNetwork was set by the user: the fabric needs the node's network namespace"
 CKV2_K8S_6: "networkPolicy.enabled was turned off by the user (a CNI without NetworkPolicy, or the cluster's own policies)"
 test-CKV_K8S_8: "a one-shot helm test pod that exits within seconds needs no liveness probe"
