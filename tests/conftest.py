@@ -6,7 +6,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from testlib import HELMS, ROOT, EtcdServer, start_etcd
+from testlib import HELMS, ROOT, EtcdServer, build_chart_dependencies, start_etcd
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The charts' file:// dependencies built from the checkout as it is now."""
+    build_chart_dependencies()
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / ".tools"
@@ -91,6 +92,34 @@ EXISTING_SECRETS_TLS = [
     "rendezvous.tls.caSecret=etcd-tls",
     "rendezvous.tls.clientCertSecret=worker-tls",
 ]
+
+
+def build_chart_dependencies(helm: Path | None = None) -> None:
+    """`helm dependency build` for every chart under charts/ that declares dependencies, so
+    that the source tree renders with the sibling charts as they are now (elastic-job takes
+    etcd-rendezvous by file://; no symlink, which made scanners skip the chart). Run once
+    per test session (conftest.py); a missing helm is left to the tests that need it."""
+    helm = helm or HELMS["helm3"]
+    if not helm.exists():
+        return
+    home = TOOLS / "helm-home"  # helm's caches away from the user's (as chart_render's)
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+    for chart_yaml in sorted((ROOT / "charts").glob("*/Chart.yaml")):
+        if not (yaml.safe_load(chart_yaml.read_text()) or {}).get("dependencies"):
+            continue
+        proc = subprocess.run(
+            [str(helm), "dependency", "build", "--skip-refresh", str(chart_yaml.parent)],
+            capture_output=True, text=True, env=env, timeout=120, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"helm dependency build {chart_yaml.parent.relative_to(ROOT)}: {proc.stderr}"
+            )
 
 
 def shared_dir() -> Path | None:

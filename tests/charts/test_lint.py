@@ -75,7 +75,8 @@ def test_ct_config_points_at_the_ci_files() -> None:
 
 def test_elastic_job_depends_on_etcd_rendezvous_by_file() -> None:
     """elastic-job's dependency is file://../etcd-rendezvous at that chart's version, with
-    condition etcd-rendezvous.enabled, and the committed Chart.lock agrees."""
+    condition etcd-rendezvous.enabled, and the committed Chart.lock agrees; nothing in the
+    chart is a symlink."""
     chart = yaml.safe_load((CHARTS / "elastic-job" / "Chart.yaml").read_text())
     etcd = yaml.safe_load((CHARTS / "etcd-rendezvous" / "Chart.yaml").read_text())
     (dep,) = chart["dependencies"]
@@ -86,8 +87,8 @@ def test_elastic_job_depends_on_etcd_rendezvous_by_file() -> None:
     assert [(d["name"], d["version"]) for d in lock["dependencies"]] == [
         ("etcd-rendezvous", etcd["version"])
     ]
-    link = CHARTS / "elastic-job" / "charts" / "etcd-rendezvous"
-    assert link.resolve() == (CHARTS / "etcd-rendezvous").resolve()
+    # No symlink to the sibling (scanners skip a chart holding one: tests/release).
+    assert not [p for p in (CHARTS / "elastic-job").rglob("*") if p.is_symlink()]
 
 
 def test_image_tags_default_to_the_pinned_app_version() -> None:

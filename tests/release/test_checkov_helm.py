@@ -1,15 +1,19 @@
-"""`checkov --framework helm` the way a user's scanner runs it: on the packaged charts it
-scans elastic-job's own resources (its StatefulSet, Role, test Pod...), and no check
-fails. On the source tree the etcd-rendezvous symlink makes checkov skip elastic-job
-silently ("found symbolic link in path"), which is why the scan runs on the packages."""
+"""checkov's Helm scan the way a user's scanner runs it, on the source tree (`checkov -d .
+--framework helm` at the root of a clone, or on one chart's directory) and on the packaged
+charts: it scans elastic-job's own resources (the worker StatefulSet, Role, test Pod...), and
+no check fails. A symlink in a chart (elastic-job/charts/etcd-rendezvous used to be one)
+makes checkov's `helm template` print a warning, and checkov then drops the whole chart
+silently: exit 0, nothing scanned."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from testlib import ROOT
@@ -20,9 +24,10 @@ HELM3 = ROOT / ".tools" / "helm3"
 # namespaced resource lands in "default" and CKV_K8S_21 fires whatever the chart does;
 # the rendered-manifest scan (tests/charts/test_checkov.py) sets a namespace and covers it.
 NAMESPACE_ARTEFACT = "CKV_K8S_21"
+Report = list[dict[str, Any]]
 
 
-def _scan(directory: Path, home: Path) -> list[dict]:
+def _scan(directory: Path, home: Path) -> Report:
     if not CHECKOV.exists():
         pytest.fail(f"{CHECKOV} is missing: run scripts/bootstrap")
     proc = subprocess.run(
@@ -38,23 +43,80 @@ def _scan(directory: Path, home: Path) -> list[dict]:
     return report if isinstance(report, list) else [report]
 
 
-def _checks(report: list[dict], key: str) -> list[dict]:
+def _checks(report: Report, key: str) -> list[dict[str, Any]]:
     return [c for part in report for c in part.get("results", {}).get(key, [])]
 
 
-def _scanned(report: list[dict]) -> set[tuple[str, str]]:
-    """(chart directory, resource kind) of every resource a check ran on."""
+def _scanned(report: Report) -> set[tuple[str, str]]:
+    """(template path, resource kind) of every resource a check ran on."""
     out = set()
     for c in _checks(report, "passed_checks") + _checks(report, "failed_checks"):
-        path = c["file_path"].lstrip("/")
-        out.add((path, c["resource"].split(".", 1)[0]))
+        out.add((c["file_path"].lstrip("/"), c["resource"].split(".", 1)[0]))
     return out
 
 
+def _failed(report: Report) -> list[str]:
+    return [
+        f"{c['check_id']} {c['resource']} ({c['file_path']})"
+        for c in _checks(report, "failed_checks")
+        if c["check_id"] != NAMESPACE_ARTEFACT
+    ]
+
+
+def clean_copy(dest: Path) -> Path:
+    """The files a clone holds (tracked, or new and not ignored): no built dependency, no
+    .venv or .tools, as a user's scanner sees the repository."""
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if src.is_file() or src.is_symlink():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel, follow_symlinks=False)
+    return dest
+
+
 @pytest.fixture(scope="module")
-def packaged_report(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    work = tmp_path_factory.mktemp("checkov-helm")
-    dist, charts = work / "dist", work / "charts"
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return clean_copy(tmp_path_factory.mktemp("clone"))
+
+
+@pytest.fixture(scope="module")
+def root_report(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> Report:
+    return _scan(checkout, tmp_path_factory.mktemp("home"))
+
+
+def test_a_scan_of_the_checkout_finds_the_worker_statefulset(root_report: Report) -> None:
+    """`checkov -d . --framework helm` at the clone's root scans elastic-job's templates
+    (the worker StatefulSet among them) and its etcd-rendezvous dependency."""
+    scanned = _scanned(root_report)
+    kinds = {kind for path, kind in scanned if path.startswith("charts/elastic-job/templates/")}
+    assert {"StatefulSet", "Role", "RoleBinding", "Pod"} <= kinds, sorted(scanned)
+    assert ("charts/elastic-job/templates/worker-statefulset.yaml", "StatefulSet") in scanned
+    assert ("charts/etcd-rendezvous/templates/statefulset.yaml", "StatefulSet") in scanned
+    assert any(p.startswith("charts/elastic-job/charts/etcd-rendezvous/") for p, _ in scanned)
+
+
+def test_a_scan_of_the_checkout_fails_no_check(root_report: Report) -> None:
+    """No check fails on the source tree (bar checkov's own namespace artefact)."""
+    failed = _failed(root_report)
+    assert not failed, "\n".join(failed)
+
+
+def test_a_scan_of_one_chart_directory_finds_the_worker_statefulset(
+    checkout: Path, tmp_path: Path
+) -> None:
+    """`checkov --framework helm -d charts/elastic-job`, as a scanner pointed at the chart."""
+    report = _scan(checkout / "charts" / "elastic-job", tmp_path)
+    assert ("elastic-job/templates/worker-statefulset.yaml", "StatefulSet") in _scanned(report)
+    assert not _failed(report), "\n".join(_failed(report))
+
+
+def test_packaged_charts_are_scanned_and_fail_no_check(tmp_path: Path) -> None:
+    """The release's archives (scripts/package), unpacked as a registry scanner sees them."""
+    dist, charts = tmp_path / "dist", tmp_path / "charts"
     charts.mkdir()
     proc = subprocess.run(
         [ROOT / "scripts" / "package", dist],
@@ -68,30 +130,7 @@ def packaged_report(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     for tgz in sorted(dist.glob("*.tgz")):
         with tarfile.open(tgz) as archive:
             archive.extractall(charts, filter="data")
-    return _scan(charts, work)
-
-
-def test_packaged_elastic_job_resources_are_scanned(packaged_report: list[dict]) -> None:
-    """elastic-job's own templates are scanned, not only the etcd-rendezvous chart."""
-    kinds = {
-        kind
-        for path, kind in _scanned(packaged_report)
-        if path.startswith("elastic-job/templates/")
-    }
+    report = _scan(charts, tmp_path)
+    kinds = {kind for path, kind in _scanned(report) if path.startswith("elastic-job/templates/")}
     assert {"StatefulSet", "Role", "RoleBinding", "Pod"} <= kinds, sorted(kinds)
-
-
-def test_packaged_charts_fail_no_check(packaged_report: list[dict]) -> None:
-    """No check fails on the packaged charts (bar checkov's own namespace artefact)."""
-    failed = [
-        c for c in _checks(packaged_report, "failed_checks") if c["check_id"] != NAMESPACE_ARTEFACT
-    ]
-    lines = [f"{c['check_id']} {c['resource']} ({c['file_path']})" for c in failed]
-    assert not failed, "\n".join(lines)
-
-
-def test_source_tree_scan_misses_elastic_job(tmp_path: Path) -> None:
-    """The symlinked dependency hides elastic-job from a scan of the checkout's charts/."""
-    assert (ROOT / "charts" / "elastic-job" / "charts" / "etcd-rendezvous").is_symlink()
-    scanned = _scanned(_scan(ROOT / "charts", tmp_path))
-    assert not [p for p, _ in scanned if p.startswith("elastic-job/templates/")], sorted(scanned)
+    assert not _failed(report), "\n".join(_failed(report))

@@ -1,6 +1,7 @@
-"""scripts/package: both charts packaged from a copy of the checkout, the dependency a real
-chart (no symlink in the archive), and every configuration renders from the packages
-exactly as from the source tree, with Helm 3 and 4."""
+"""scripts/package: every chart under charts/ packaged from a copy of the checkout, the
+dependency a real chart (no symlink in the archive), every configuration rendering from
+the packages exactly as from the source tree, with Helm 3 and 4; signed, each package has
+Helm provenance that `helm verify` accepts with the signer's public key only."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from release_helpers import SigningKey, make_signing_key
 from testlib import ROOT
 
 VERSION = (ROOT / "VERSION").read_text().strip()
 SCRIPT = ROOT / "scripts" / "package"
+CHARTS = sorted(p.parent.name for p in ROOT.glob("charts/*/Chart.yaml"))
 
 
 @dataclass(frozen=True)
@@ -29,10 +32,12 @@ class Packaged:
         return self.outdir / f"{chart}-{VERSION}.tgz"
 
 
-def _run_package(helm: Path, outdir: Path, root: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def _run_package(
+    helm: Path, outdir: Path | str, root: Path = ROOT, *args: str
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HELM": str(helm)}
     return subprocess.run(
-        [root / "scripts" / "package", outdir],
+        [root / "scripts" / "package", *args, outdir],
         capture_output=True,
         text=True,
         env=env,
@@ -58,7 +63,6 @@ def packaged(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Packaged:
     proc = _run_package(helm, outdir)
     assert proc.returncode == 0, proc.stderr
     assert _git_state() == before, "scripts/package changed the checkout"
-    assert (ROOT / "charts" / "elastic-job" / "charts" / "etcd-rendezvous").is_symlink()
     return Packaged(helm, outdir, proc.stdout, proc.stderr)
 
 
@@ -72,22 +76,20 @@ def _template(helm: Path, chart: Path, *values: Path) -> str:
 
 
 def _configurations() -> list[tuple[str, tuple[Path, ...]]]:
-    out: list[tuple[str, tuple[Path, ...]]] = [("etcd-rendezvous", ())]
-    out += [
-        ("etcd-rendezvous", (v,)) for v in sorted(ROOT.glob("charts/etcd-rendezvous/ci/*.yaml"))
-    ]
-    out += [("elastic-job", ())]
-    out += [("elastic-job", (v,)) for v in sorted(ROOT.glob("charts/elastic-job/ci/*.yaml"))]
+    out: list[tuple[str, tuple[Path, ...]]] = []
+    for chart in CHARTS:
+        out += [(chart, ())]
+        out += [(chart, (v,)) for v in sorted(ROOT.glob(f"charts/{chart}/ci/*.yaml"))]
     out += [("elastic-job", (v,)) for v in sorted(ROOT.glob("values-examples/*.yaml"))]
     return out
 
 
-def test_both_charts_are_packaged_at_the_version(packaged: Packaged) -> None:
-    assert packaged.stdout.split() == [
-        str(packaged.tgz("etcd-rendezvous")),
-        str(packaged.tgz("elastic-job")),
-    ]
-    assert all(packaged.tgz(c).is_file() for c in ("etcd-rendezvous", "elastic-job"))
+def test_every_chart_is_packaged_at_the_version(packaged: Packaged) -> None:
+    """One package per chart under charts/ (the two here, and any added later)."""
+    assert {"elastic-job", "etcd-rendezvous"} <= set(CHARTS)
+    assert packaged.stdout.split() == [str(packaged.tgz(c)) for c in CHARTS]
+    assert all(packaged.tgz(c).is_file() for c in CHARTS)
+    assert not list(packaged.outdir.glob("*.prov"))  # unsigned unless asked
 
 
 def test_package_holds_no_symlink_and_the_real_dependency(packaged: Packaged) -> None:
@@ -122,7 +124,7 @@ def test_packages_render_the_same_manifests_as_the_source_tree(packaged: Package
 
 
 def test_script_says_how_to_push_to_an_oci_registry(packaged: Packaged) -> None:
-    for chart in ("etcd-rendezvous", "elastic-job"):
+    for chart in CHARTS:
         assert f"helm push {packaged.tgz(chart)} oci://" in packaged.stderr
     assert f"--version {VERSION}" in packaged.stderr
 
@@ -138,7 +140,68 @@ def test_a_chart_version_other_than_version_file_stops_packaging(
     (root / "VERSION").write_text("9.9.9\n")
     proc = _run_package(helm3, tmp_path / "dist", root)
     assert proc.returncode == 1
-    assert f"charts/etcd-rendezvous/Chart.yaml has version {VERSION} but VERSION says 9.9.9" in (
+    assert f"charts/{CHARTS[0]}/Chart.yaml has version {VERSION} but VERSION says 9.9.9" in (
         proc.stderr
     )
     assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
+
+
+def test_help_prints_the_usage_and_packages_nothing(helm3: Path, tmp_path: Path) -> None:
+    """`--help` is not an output directory: the usage, exit 0, no directory made."""
+    proc = subprocess.run(
+        [SCRIPT, "--help"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "scripts/package --sign KEY --keyring SECRING" in proc.stdout
+    assert "Exit codes" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_option_is_one_usage_error(helm3: Path, tmp_path: Path) -> None:
+    proc = _run_package(helm3, tmp_path / "dist", ROOT, "--sgin", "me")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "package: unknown option '--sgin'",
+        "usage: scripts/package [--sign KEY --keyring SECRING [--passphrase-file FILE]] [OUTDIR]",
+    ]
+    assert not (tmp_path / "dist").exists()
+
+
+def test_signing_without_a_keyring_is_a_usage_error(helm3: Path, tmp_path: Path) -> None:
+    proc = _run_package(helm3, tmp_path / "dist", ROOT, "--sign", "me@example.invalid")
+    assert proc.returncode == 2
+    assert "--sign me@example.invalid needs --keyring SECRING" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def signing_key(tmp_path_factory: pytest.TempPathFactory) -> SigningKey:
+    return make_signing_key(tmp_path_factory.mktemp("gpg"))
+
+
+def test_signed_packages_verify_with_the_public_key(
+    helm: Path, signing_key: SigningKey, tmp_path: Path
+) -> None:
+    """--sign writes <chart>.tgz.prov beside each package; `helm verify` with the signer's
+    public keyring accepts it and names the key; a package changed after signing fails."""
+    dist = tmp_path / "dist"
+    proc = _run_package(
+        helm, dist, ROOT, "--sign", signing_key.name, "--keyring", str(signing_key.secring),
+        "--passphrase-file", str(signing_key.passphrase_file),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for chart in CHARTS:
+        tgz = dist / f"{chart}-{VERSION}.tgz"
+        assert tgz.with_name(tgz.name + ".prov").is_file()
+        ok = subprocess.run(
+            [helm, "verify", "--keyring", signing_key.pubring, tgz],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert ok.returncode == 0, ok.stderr
+        assert signing_key.fingerprint in ok.stdout + ok.stderr
+    tampered = dist / f"elastic-job-{VERSION}.tgz"
+    tampered.write_bytes(tampered.read_bytes() + b"\0")
+    bad = subprocess.run(
+        [helm, "verify", "--keyring", signing_key.pubring, tampered],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert bad.returncode != 0

@@ -1,0 +1,102 @@
+"""Real parts a release needs, made here for one test: a throwaway GnuPG signing key (the
+release's Helm provenance) and a local OCI registry (Debian's docker-registry, the CNCF
+distribution registry) on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from testlib import free_port
+
+SIGNER = "elastic-job release test <release-test@example.invalid>"
+SIGNER_EMAIL = "release-test@example.invalid"
+REGISTRY_BINARY = "docker-registry"
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    name: str  # what `helm package --key` takes
+    secring: Path  # legacy secret keyring (Helm reads no keybox)
+    pubring: Path  # what `helm verify --keyring` takes
+    passphrase_file: Path
+    fingerprint: str
+
+
+def make_signing_key(workdir: Path) -> SigningKey:
+    """An RSA key with a passphrase, in its own GNUPGHOME (Helm's OpenPGP library reads RSA,
+    not ed25519); the keyrings are written outside that home."""
+    if shutil.which("gpg") is None:
+        pytest.fail("gpg is missing: apt-get install gnupg (scripts/bootstrap installs it)")
+    home = workdir / "gnupg"
+    home.mkdir(mode=0o700, parents=True)
+    passfile = workdir / "passphrase"
+    passfile.write_text("release-test-passphrase\n")
+    env = {**os.environ, "GNUPGHOME": str(home)}
+
+    def gpg(*args: str) -> bytes:
+        return subprocess.run(
+            ["gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase-file", str(passfile),
+             *args],
+            env=env, capture_output=True, check=True, timeout=120,
+        ).stdout  # fmt: skip
+
+    gpg("--quick-gen-key", SIGNER, "rsa2048", "sign", "never")
+    secring, pubring = workdir / "secring.gpg", workdir / "pubring.gpg"
+    secring.write_bytes(gpg("--export-secret-keys", SIGNER_EMAIL))
+    pubring.write_bytes(gpg("--export", SIGNER_EMAIL))
+    listing = gpg("--with-colons", "--fingerprint", SIGNER_EMAIL).decode()
+    fingerprint = next(ln.split(":")[9] for ln in listing.splitlines() if ln.startswith("fpr:"))
+    subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, check=False)
+    return SigningKey(SIGNER_EMAIL, secring, pubring, passfile, fingerprint)
+
+
+@dataclass(frozen=True)
+class Registry:
+    host: str  # 127.0.0.1:PORT, plain HTTP
+    storage: Path
+
+
+@contextmanager
+def local_registry(workdir: Path) -> Iterator[Registry]:
+    """Debian's docker-registry serving on a free loopback port until the block ends."""
+    binary = shutil.which(REGISTRY_BINARY)
+    if binary is None:
+        pytest.fail("docker-registry is missing: apt-get install docker-registry")
+    workdir.mkdir(parents=True, exist_ok=True)
+    host = f"127.0.0.1:{free_port()}"
+    config = workdir / "registry.yml"
+    config.write_text(
+        "version: 0.1\nlog:\n  level: warn\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {workdir / 'data'}\n"
+        f"http:\n  addr: {host}\n"
+    )
+    log = (workdir / "registry.log").open("wb")
+    proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{host}/v2/", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"docker-registry did not serve on {host}: see {log.name}")
+                time.sleep(0.1)
+        yield Registry(host, workdir / "data")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log.close()
