@@ -65,12 +65,14 @@ def test_every_download_goes_through_fetch_verified() -> None:
 
 
 def test_helm_versions_are_the_ones_bootstrap_installs() -> None:
-    """The workflow renders with the Helm 3 and 4 releases the tests here use."""
+    """The workflow renders with the Helm 3 and 4 releases bootstrap takes first, checked
+    against the same official sha256."""
     bootstrap = (ROOT / "scripts" / "bootstrap").read_text()
     env = _workflow()["env"]
     for major in ("3", "4"):
-        want = re.search(rf"^HELM{major}_VERSION=(\S+)$", bootstrap, re.MULTILINE)
-        assert want and env[f"HELM{major}_VERSION"] == want[1]
+        for key in (f"HELM{major}_VERSION", f"HELM{major}_SHA256"):
+            want = re.search(rf"^{key}=(\S+)$", bootstrap, re.MULTILINE)
+            assert want and env[key] == want[1], key
 
 
 def test_kubeconform_matrix_is_the_tested_kubernetes_minors() -> None:
