@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 from testlib import ROOT
+from workflow_runner import clean_copy
 
 CHECKOV = ROOT / ".tools" / "checkov" / "bin" / "checkov"
 HELM3 = ROOT / ".tools" / "helm3"
@@ -63,24 +63,9 @@ def _failed(report: Report) -> list[str]:
     ]
 
 
-def clean_copy(dest: Path) -> Path:
-    """The files a clone holds (tracked, or new and not ignored): no built dependency, no
-    .venv or .tools, as a user's scanner sees the repository."""
-    files = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT, capture_output=True, check=True,
-    ).stdout.decode().split("\0")  # fmt: skip
-    for rel in filter(None, files):
-        src = ROOT / rel
-        if src.is_file() or src.is_symlink():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel, follow_symlinks=False)
-    return dest
-
-
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return clean_copy(tmp_path_factory.mktemp("clone"))
+    return clean_copy(ROOT, tmp_path_factory.mktemp("clone"))
 
 
 @pytest.fixture(scope="module")
