@@ -123,6 +123,22 @@ class Context:
         return bool(self.evaluate(match[1] if match else cond))
 
 
+def _pairs(path: Path) -> dict[str, str]:
+    """NAME=value lines of a GITHUB_OUTPUT or GITHUB_ENV file."""
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def dispatch_defaults(data: dict[str, Any]) -> dict[str, str]:
+    """workflow_dispatch inputs' defaults, as GitHub fills them (booleans as true/false)."""
+    on = data.get("on") or data.get(True) or {}  # PyYAML reads a bare `on:` as True
+    inputs = (on.get("workflow_dispatch") or {}).get("inputs", {}) if isinstance(on, dict) else {}
+    out = {}
+    for name, spec in inputs.items():
+        default = spec.get("default", "")
+        out[name] = str(default).lower() if isinstance(default, bool) else str(default)
+    return out
+
+
 def run_job(
     workflow: Path,
     job: str,
@@ -133,15 +149,22 @@ def run_job(
     matrix: dict[str, str] | None = None,
     vars_: dict[str, str] | None = None,
     inputs: dict[str, str] | None = None,
+    secrets: dict[str, str] | None = None,
+    github: dict[str, str] | None = None,
     env: dict[str, str] | None = None,
+    runner_dir: Path | None = None,
     timeout: float = 1800,
 ) -> JobRun:
-    """Run `job` of `workflow` in `workdir` (a checkout); `path` goes first on PATH."""
+    """Run `job` of `workflow` in `workdir` (a checkout); `path` goes first on PATH.
+    `runner_dir` holds HOME and RUNNER_TEMP (default beside `workdir`; give a short one when
+    a step makes Unix sockets there, such as gpg-agent's)."""
     data = load(workflow)
     spec = data["jobs"][job]
-    ctx = Context(matrix or {}, vars_ or {}, inputs or {})
-    ctx.values["github"]["workspace"] = str(workdir)
-    runner = workdir.parent / f".runner-{job}"
+    defaults = dispatch_defaults(data)
+    ctx = Context(matrix or {}, vars_ or {}, {**defaults, **(inputs or {})})
+    ctx.values["secrets"] = dict(secrets or {})
+    ctx.values["github"].update({"workspace": str(workdir), **(github or {})})
+    runner = runner_dir or workdir.parent / f".runner-{job}"
     if runner.exists():
         shutil.rmtree(runner)
     runner.mkdir()
@@ -154,8 +177,8 @@ def run_job(
         "LANG": "C.UTF-8",
         **(env or {}),
     }
-    (runner / "home").mkdir()
-    (runner / "temp").mkdir()
+    for sub in ("home", "temp"):
+        (runner / sub).mkdir()
     extra_path: list[str] = []
     job_env: dict[str, str] = {}
     for scope in (data.get("env") or {}, spec.get("env") or {}):
@@ -204,15 +227,8 @@ def run_job(
             timeout=timeout, check=False,
         )  # fmt: skip
         results.append(StepResult(name, True, "", proc.returncode, proc.stdout + proc.stderr))
-        outputs = dict(
-            line.split("=", 1) for line in files["OUTPUT"].read_text().splitlines() if "=" in line
-        )
-        ctx.values["steps"][sid] = {"outputs": outputs}
-        job_env.update(
-            dict(
-                line.split("=", 1) for line in files["ENV"].read_text().splitlines() if "=" in line
-            )
-        )
+        ctx.values["steps"][sid] = {"outputs": _pairs(files["OUTPUT"])}
+        job_env.update(_pairs(files["ENV"]))
         extra_path = [*files["PATH"].read_text().split(), *extra_path]
         if proc.returncode != 0:
             break  # GitHub stops the job at a failed step

@@ -29,6 +29,7 @@ class SigningKey:
     pubring: Path  # what `helm verify --keyring` takes
     passphrase_file: Path
     fingerprint: str
+    armored: str  # the secret key as the release workflow's HELM_SIGNING_KEY secret holds it
 
 
 def make_signing_key(workdir: Path) -> SigningKey:
@@ -55,8 +56,9 @@ def make_signing_key(workdir: Path) -> SigningKey:
     pubring.write_bytes(gpg("--export", SIGNER_EMAIL))
     listing = gpg("--with-colons", "--fingerprint", SIGNER_EMAIL).decode()
     fingerprint = next(ln.split(":")[9] for ln in listing.splitlines() if ln.startswith("fpr:"))
+    armored = gpg("--armor", "--export-secret-keys", SIGNER_EMAIL).decode()
     subprocess.run(["gpgconf", "--kill", "gpg-agent"], env=env, check=False)
-    return SigningKey(SIGNER_EMAIL, secring, pubring, passfile, fingerprint)
+    return SigningKey(SIGNER_EMAIL, secring, pubring, passfile, fingerprint, armored)
 
 
 @dataclass(frozen=True)
