@@ -91,3 +91,50 @@ def test_changes_annotations_are_this_versions_changelog_entries() -> None:
             announced.add((kind, text))
     missing = {(k, t) for k, texts in changelog.items() for t in texts} - announced
     assert not missing, f"CHANGELOG.md entries no chart announces: {sorted(missing)}"
+
+
+# Artifact Hub's categories (its repository metadata documentation).
+CATEGORIES = {
+    "ai-machine-learning", "database", "integration-delivery", "monitoring-logging",
+    "networking", "security", "storage", "streaming-messaging",
+}  # fmt: skip
+RAW = "https://raw.githubusercontent.com/elastic-job/elastic-job/main/"
+BLOB = "https://github.com/elastic-job/elastic-job/blob/main/"
+
+
+def _chart(chart: str) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "charts" / chart / "Chart.yaml").read_text())
+    return data
+
+
+def test_repository_metadata_is_artifact_hubs_format() -> None:
+    """artifacthub-repo.yml: only the keys Artifact Hub reads, owners with a name."""
+    meta = yaml.safe_load((ROOT / "artifacthub-repo.yml").read_text())
+    assert set(meta) <= {"repositoryID", "owners", "ignore"}, sorted(meta)
+    assert meta["owners"] and all(owner.get("name") for owner in meta["owners"])
+    assert all(set(owner) <= {"name", "email"} for owner in meta["owners"])
+
+
+@pytest.mark.parametrize("chart", CHARTS)
+def test_icon_is_a_file_of_this_repository(chart: str) -> None:
+    """The icon URL is the raw file on main of an image that is here (SVG or PNG)."""
+    icon = _chart(chart)["icon"]
+    assert icon.startswith(RAW), icon
+    path = ROOT / icon.removeprefix(RAW)
+    assert path.suffix in (".svg", ".png") and path.is_file(), path
+    if path.suffix == ".svg":
+        assert path.read_text().lstrip().startswith("<svg"), path
+
+
+@pytest.mark.parametrize("chart", CHARTS)
+def test_category_and_links(chart: str) -> None:
+    """A category Artifact Hub knows; links with names, https, and those into this
+    repository pointing at files that are here."""
+    annotations = _annotations(chart)
+    assert annotations["artifacthub.io/category"] in CATEGORIES
+    links = yaml.safe_load(annotations["artifacthub.io/links"])
+    assert links and all(set(link) == {"name", "url"} for link in links)
+    for link in links:
+        assert link["url"].startswith("https://"), link
+        if link["url"].startswith(BLOB):
+            assert (ROOT / link["url"].removeprefix(BLOB)).is_file(), link
