@@ -10,6 +10,7 @@ from typing import Any
 
 import pod_security
 import pytest
+import yaml
 from chart_render import (
     ELASTIC_JOB,
     ETCD,
@@ -28,6 +29,8 @@ from chart_render import (
 FABRIC = TEST_VALUES / "fabric-pod-settings.yaml"
 TCPXO = EXAMPLES / "gke-a3-tcpxo.yaml"
 DIGEST = "sha256:" + "b" * 64
+# The etcd tag a default install runs (etcd-rendezvous values.yaml; tests/release checks it).
+ETCD_TAG = yaml.safe_load((ETCD / "values.yaml").read_text())["image"]["tag"]
 
 
 def _worker(values: Path) -> dict[str, Any]:
@@ -231,7 +234,7 @@ def test_image_registry_replaces_the_host_of_every_chart_image() -> None:
         [
             f"mirror.example.com:5000/elastic-job/init-topology:0.1.0@sha256:{'a' * 64}",
             f"mirror.example.com:5000/elastic-job/worker:0.1.0@{DIGEST}",
-            f"mirror.example.com:5000/etcd-development/etcd:v3.5.21@sha256:{'c' * 64}",
+            f"mirror.example.com:5000/etcd-development/etcd:{ETCD_TAG}@sha256:{'c' * 64}",
             # The test pod runs the worker image, digest included.
             f"mirror.example.com:5000/elastic-job/worker:0.1.0@{DIGEST}",
         ]
@@ -268,7 +271,8 @@ def test_etcd_chart_alone_honours_registry_and_digest() -> None:
         sets=["global.imageRegistry=mirror.local", f"image.digest={DIGEST}"],
     )
     spec = pod_spec(etcd_statefulset(objs))
-    assert spec["containers"][0]["image"] == f"mirror.local/etcd-development/etcd:v3.5.21@{DIGEST}"
+    want = f"mirror.local/etcd-development/etcd:{ETCD_TAG}@{DIGEST}"
+    assert spec["containers"][0]["image"] == want
 
 
 def test_test_pod_takes_no_worker_digest_for_another_image() -> None:
