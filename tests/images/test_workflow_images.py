@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from release_helpers import local_registry
 from testlib import ROOT
 from workflow_runner import Skip, clean_copy, run_job
 
@@ -101,7 +102,6 @@ def setup_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_release_builds_from_digests_pushes_and_writes_sboms(
     setup_python: Path, tmp_path: Path
 ) -> None:
-    from release_helpers import local_registry  # noqa: PLC0415 - tests/release's helper
 
     with local_registry(tmp_path / "registry") as registry:
         conf = tmp_path / "registries.conf"
