@@ -1,5 +1,5 @@
 """No pinned dependency is below its known safe version: every pin the project makes (the
-requirements files, the pyprojects' pins, range floors and build requirements, the
+requirements files, the pyprojects' exact pins and build requirements' floors, the
 Dockerfiles' ARG *_VERSION, scripts/bootstrap's tools, the workflows' tool versions, the
 charts' image tags) is checked against requirements/advisories.toml, where the advisories
 are kept by hand (pip-audit cannot reach its services from here), with their sources."""
@@ -54,20 +54,27 @@ def _requirements_files() -> list[Pin]:
 
 
 def _pyprojects() -> list[Pin]:
+    """Exact pins (an image's whole dependency set) and the build-system's floors. A library's
+    ranges are not pins: they keep the floor of the oldest release with what it calls, so that
+    it installs beside a user's tools without moving them (packages/elastic-job-cli)."""
     pins = []
     paths = [ROOT / "pyproject.toml", *sorted(ROOT.glob("*/*/pyproject.toml"))]
     for path in (p for p in paths if ".venv" not in p.parts):
         data = tomllib.loads(path.read_text())
-        reqs = [*data.get("project", {}).get("dependencies", [])]
-        reqs += data.get("build-system", {}).get("requires", [])
-        for group in data.get("project", {}).get("optional-dependencies", {}).values():
+        project = data.get("project", {})
+        reqs = [*project.get("dependencies", [])]
+        for group in project.get("optional-dependencies", {}).values():
             reqs += group
         for text in reqs:
             req = Requirement(text)
-            floor = _floor(req)
-            where = f"{path.relative_to(ROOT)} {text!r}"
-            # A range with no floor admits every vulnerable release.
-            pins.append(Pin(_norm(req.name), floor or "0", where))
+            exact = [s.version for s in req.specifier if s.operator in ("==", "===")]
+            if exact:
+                pins.append(Pin(_norm(req.name), exact[0], f"{path.relative_to(ROOT)} {text!r}"))
+        for text in data.get("build-system", {}).get("requires", []):
+            req = Requirement(text)
+            # A build requirement with no floor admits every vulnerable release.
+            where = f"{path.relative_to(ROOT)} build-system {text!r}"
+            pins.append(Pin(_norm(req.name), _floor(req) or "0", where))
     return pins
 
 
