@@ -1,13 +1,12 @@
-"""scripts/bench-churn's plumbing (the silent and goodput figures of scripts/bench): what
-counts as useful work, when the survivors train again, that its baseline is torch's own
-defaults through the chart, and what the table says of a wait cut at the bound. The
-runs themselves take minutes each (the local run of the chart): tests/e2e's partition
-scenarios cover the re-form they time."""
+"""scripts/bench-churn's plumbing (benches/churn: the silent and goodput figures of
+scripts/bench): what counts as useful work, when the survivors train again, that its
+baseline is torch's own defaults through the chart, and what the table says of a wait cut at
+the bound. The runs themselves take minutes each (the local run of the chart): tests/e2e's
+partition scenarios cover the re-form they time."""
 
 from __future__ import annotations
 
 import json
-import runpy
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,22 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 from torch.distributed.run import get_args_parser
 
+from benches.churn.goodput import goodput, kept_steps
+from benches.churn.localrun import POD, RELEASE, LocalRun, pod
+from benches.churn.profiles import (
+    GOODPUT_PROFILES,
+    SCRIPTS,
+    SILENT_PROFILES,
+    TORCH_DEFAULTS,
+    USER_SCRIPT_DIR,
+    merged,
+)
+from benches.churn.report import fmt_seconds, table_lines
+from benches.churn.silent import first_step_at, nodes_before
+from benches.stats import summary_cut
 from localrun.render import render
 
-CHURN: dict[str, Any] = runpy.run_path(str(ROOT / "scripts" / "bench-churn"))
-POD0, POD1 = CHURN["pod"](0), CHURN["pod"](1)
+POD0, POD1 = pod(0), pod(1)
 
 
 def attempt(nodes: int) -> str:
@@ -36,8 +47,8 @@ def step(n: int, world: int) -> str:
     return f"[train] step={n} world_size={world} restart=0 loss=0.1000"
 
 
-def local_run(tmp_path: Path, lines: list[tuple[float, str, str]]) -> Any:
-    run = CHURN["LocalRun"](tmp_path, [])
+def local_run(tmp_path: Path, lines: list[tuple[float, str, str]]) -> LocalRun:
+    run = LocalRun(tmp_path, [])
     run.lines = lines
     return run
 
@@ -50,21 +61,19 @@ def test_kept_steps_drop_what_a_resume_rolled_back_and_count_each_step_once(
         lines += [(float(n), POD0, step(n, 3)), (float(n), POD1, step(n, 3))]
     # pod 1 lost after step 8: pod 0 resumes from the checkpoint of step 5 at world size 2
     lines += [(10.0, POD0, "[train] resumed step=5"), (11.0, POD0, step(6, 2))]
-    kept = CHURN["kept_steps"](local_run(tmp_path, lines), until=11.5)
+    kept = kept_steps(local_run(tmp_path, lines), until=11.5)
     assert [(s.step, s.world) for s in kept] == [(1, 3), (2, 3), (3, 3), (4, 3), (5, 3), (6, 2)]
     # steps 7 and 8 were done but rolled back: not useful work. Window [0, 12): 5 steps of
     # 3 ranks and one of 2, 16 samples per rank-step.
-    assert CHURN["goodput"](kept, 0.0, 12.0) == pytest.approx((5 * 3 + 2) * 16 / 12)
+    assert goodput(kept, 0.0, 12.0) == pytest.approx((5 * 3 + 2) * 16 / 12)
     # what happens after the window's end is not looked at
-    assert [s.step for s in CHURN["kept_steps"](local_run(tmp_path, lines), until=9.0)] == [
-        *range(1, 9)
-    ]
+    assert [s.step for s in kept_steps(local_run(tmp_path, lines), until=9.0)] == [*range(1, 9)]
 
 
 def test_the_survivors_train_again_at_their_first_step_in_a_round_of_the_smaller_size(
     tmp_path: Path,
 ) -> None:
-    pattern = CHURN["SCRIPTS"]["train.py"][2]
+    pattern = SCRIPTS["train.py"][2]
     lines = [
         (1.0, POD0, attempt(3)),
         (2.0, POD0, step(1, 3)),
@@ -74,14 +83,14 @@ def test_the_survivors_train_again_at_their_first_step_in_a_round_of_the_smaller
         (17.5, POD0, step(1, 2)),
     ]
     run = local_run(tmp_path, lines)
-    assert CHURN["nodes_before"](run, POD0, 9.0) == 3
-    assert CHURN["first_step_at"](run, POD0, 9.0, 2, pattern) == 17.5
-    assert CHURN["first_step_at"](run, POD0, 18.0, 2, pattern) is None
+    assert nodes_before(run, POD0, 9.0) == 3
+    assert first_step_at(run, POD0, 9.0, 2, pattern) == 17.5
+    assert first_step_at(run, POD0, 18.0, 2, pattern) is None
 
 
 def test_the_user_scripts_step_line_is_the_one_multinode_py_prints() -> None:
-    pattern = CHURN["SCRIPTS"]["no pg timeout"][2]
-    source = (CHURN["USER_SCRIPT_DIR"] / "multinode.py").read_text()
+    pattern = SCRIPTS["no pg timeout"][2]
+    source = (USER_SCRIPT_DIR / "multinode.py").read_text()
     assert 'f"[GPU{self.global_rank}] Epoch {epoch} | Batchsize: {b_sz} | "' in source
     assert pattern.search("[GPU1] Epoch 12 | Batchsize: 32 | Steps: 8")
     assert not pattern.search("Epoch 11 | Training snapshot saved at /checkpoints/snapshot.pt")
@@ -94,10 +103,10 @@ def worker_env(tmp_path: Path, values: dict[str, Any]) -> dict[str, str]:
         ROOT / "charts" / "elastic-job",
         [ROOT / "values-examples" / "cpu-smoke.yaml", tmp_path / "values.json"],
         [],
-        release=CHURN["RELEASE"],
+        release=RELEASE,
         namespace="default",
     )
-    sts = next(s for s in rendered.statefulsets if s["metadata"]["name"] == CHURN["POD"])
+    sts = next(s for s in rendered.statefulsets if s["metadata"]["name"] == POD)
     container = sts["spec"]["template"]["spec"]["containers"][0]
     return {e["name"]: e.get("value", "") for e in container["env"]}
 
@@ -105,7 +114,7 @@ def worker_env(tmp_path: Path, values: dict[str, Any]) -> dict[str, str]:
 def test_the_silent_baseline_is_torchs_own_rendezvous_defaults_through_the_chart(
     tmp_path: Path,
 ) -> None:
-    env = worker_env(tmp_path, CHURN["TORCH_DEFAULTS"])
+    env = worker_env(tmp_path, TORCH_DEFAULTS)
     conf = dict(kv.split("=", 1) for kv in env["ELASTIC_RDZV_CONF"].split(","))
 
     class Backend:
@@ -130,25 +139,25 @@ def test_the_silent_baseline_is_torchs_own_rendezvous_defaults_through_the_chart
     assert env["ELASTIC_WARM_START"] == "false"
     # the scripts' values layered over a profile keep both (helm's -f merge)
     command = {"job": {"command": ["python", "x.py"]}}
-    both = CHURN["merged"](command, CHURN["SCRIPTS"]["no pg timeout"][1], CHURN["TORCH_DEFAULTS"])
+    both = merged(command, SCRIPTS["no pg timeout"][1], TORCH_DEFAULTS)
     assert both["job"] == {"command": ["python", "x.py"], "warmStart": {"enabled": False}}
     assert both["worker"]["extraVolumeMounts"][0]["mountPath"] == "/opt/user-script"
     # and the project's own profile is the chart's defaults, liveness on
-    ours = worker_env(tmp_path, CHURN["SILENT_PROFILES"]["elastic-job"])
+    ours = worker_env(tmp_path, SILENT_PROFILES["elastic-job"])
     assert ours["ELASTIC_LOSS_DETECTION"] == "true"
 
 
 def test_the_fixed_size_job_is_the_same_chart_at_three_of_three(tmp_path: Path) -> None:
-    fixed = worker_env(tmp_path, CHURN["GOODPUT_PROFILES"]["fixed-size 3:3"])
+    fixed = worker_env(tmp_path, GOODPUT_PROFILES["fixed-size 3:3"])
     assert (fixed["ELASTIC_MIN_NODES"], fixed["ELASTIC_MAX_NODES"]) == ("3", "3")
-    elastic = worker_env(tmp_path, CHURN["GOODPUT_PROFILES"]["elastic-job"])
+    elastic = worker_env(tmp_path, GOODPUT_PROFILES["elastic-job"])
     assert (elastic["ELASTIC_MIN_NODES"], elastic["ELASTIC_MAX_NODES"]) == ("2", "3")
     differ = {k for k in fixed if fixed[k] != elastic[k]}
     assert differ == {"ELASTIC_MIN_NODES"}, "only the size differs"
 
 
 def test_the_table_says_a_cut_wait_timed_out_at_the_bound_and_the_goodput_ratio() -> None:
-    summary = CHURN["summary"]
+    summary = summary_cut
     timed_out = [{"seconds": None, "timed_out": True}]
     silent = {
         "bound": 120.0,
@@ -175,7 +184,7 @@ def test_the_table_says_a_cut_wait_timed_out_at_the_bound_and_the_goodput_ratio(
             },
         },
     }
-    rows = CHURN["table_lines"]({"silent": silent, "goodput": goodput})
+    rows = table_lines({"silent": silent, "goodput": goodput})
     title, base, ours, ratio = rows[0]
     assert title == "silent loss, no pg timeout"
     assert base == "> 120 s (timed out, n=1)"
@@ -188,7 +197,7 @@ def test_the_table_says_a_cut_wait_timed_out_at_the_bound_and_the_goodput_ratio(
 
 
 def test_a_run_that_timed_out_counts_as_longer_than_any_that_finished() -> None:
-    summary, fmt = CHURN["summary"], CHURN["fmt_seconds"]
+    summary, fmt = summary_cut, fmt_seconds
     half = summary([{"seconds": 9.0}, {"seconds": None, "timed_out": True}], "seconds")
     assert half["median"] is None  # the upper median is the cut run: not a number
     assert fmt(half, 120.0) == "> 120 s (timed out, others 9.0-9.0, n=2)"
