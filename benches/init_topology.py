@@ -98,14 +98,14 @@ def fmt(values: list[float]) -> str:
     return min_median_max(values, 5)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10, help="runs per fixture (default 10)")
     parser.add_argument("--profile", default="cloud", help="node profile (cloud, local, all)")
     parser.add_argument(
         "--cpu-limit", type=cpu_limit, help="also run under this CPU quota, e.g. 200m or 1"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     nodes = load_nodes(args.profile)
     for what, statement in [

@@ -76,11 +76,11 @@ def mode_lines(figures: dict[str, list[float]]) -> list[str]:
     ]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--repeat", type=int, default=3, help="runs per mode (default 3)")
     p.add_argument("--json", type=Path, help="write the figures here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     figures: dict[str, list[float]] = {m: [] for m in MODES}
     for i in range(args.repeat):
         for mode in MODES:

@@ -50,7 +50,7 @@ def run_figures(
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--figure", choices=["silent", "goodput"], required=True)
     parser.add_argument(
@@ -60,7 +60,7 @@ def main() -> int:
     parser.add_argument(
         "--bound", type=float, default=SILENT_BOUND, help="silent: give up after this"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     why = needs_root()
     if why:
         parser.error(why)

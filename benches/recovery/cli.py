@@ -47,7 +47,7 @@ from benches.recovery.measure import Result, run_once
 from benches.recovery.profiles import PROFILES
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--profile", default="all", help=f"all, or some of {', '.join(PROFILES)}, comma-separated"
@@ -71,7 +71,7 @@ def main() -> int:
         metavar="MINUTES",
         help="no kill: saturate every core for MINUTES and count re-forms (false evictions)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     profiles = list(PROFILES) if args.profile == "all" else args.profile.split(",")
     unknown = sorted(set(profiles) - set(PROFILES))
     if unknown:
