@@ -49,6 +49,15 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, title: str, path: Path) -> bool:
+    """The figure's one axes titled, laid out and written at DPI; True."""
+    fig.axes[0].set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return True
+
+
 def caption(results: dict[str, Any]) -> str:
     """Which run a plot shows: its command, day, cores and torch."""
     machine = results.get("machine") or {}
@@ -144,12 +153,8 @@ def recovery_phases(results: dict[str, Any], path: Path) -> bool:
         ax.annotate(f"{total:.1f} s", (total, y), xytext=(4, -4), textcoords="offset points")
     ax.set_yticks(range(len(bars)), [title for title, _ in reversed(bars)], fontsize=8)
     ax.set_xlabel("seconds from the loss (scale-up: from the new node's start), medians")
-    ax.set_title(f"Recovery by phase\n{caption(results)}", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, f"Recovery by phase\n{caption(results)}", path)
 
 
 def goodput_over_time(results: dict[str, Any], path: Path) -> bool:
@@ -171,12 +176,8 @@ def goodput_over_time(results: dict[str, Any], path: Path) -> bool:
     churn = f"a pod lost every {period:g} s, back after {down:g} s: shaded"
     ax.set_xlabel(f"seconds from the first loss ({churn})")
     ax.set_ylabel("kept samples / s")
-    ax.set_title(f"Goodput over time\n{caption(results)}", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, f"Goodput over time\n{caption(results)}", path)
 
 
 def draw_all(results: dict[str, Any], out: Path) -> list[Path]:

@@ -16,7 +16,7 @@ from elastic_job_cli import cli
 from elastic_job_cli.kube import connect
 from elastic_job_cli.options import Access
 
-from localrun.cluster import apiroutes, podlogs
+from localrun.cluster import apilist, podlogs
 from localrun.cluster.apiserver import FakeApiServer
 from localrun.cluster.nodes import load_nodes
 
@@ -147,7 +147,7 @@ def test_a_missing_kubeconfig_is_a_usage_error(
 def test_events_watch_goes_on_when_the_server_ends_a_watch(
     api: FakeApiServer, kubeconfig: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(apiroutes, "WATCH_TIMEOUT", 1.0)  # the server ends each watch at 1 s
+    monkeypatch.setattr(apilist, "WATCH_TIMEOUT", 1.0)  # the server ends each watch at 1 s
     out = io.StringIO()
     kube = connect(Access(kubeconfig, None, NS, all_namespaces=False, request_timeout=30.0))
     threading.Thread(
