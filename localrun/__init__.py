@@ -14,5 +14,5 @@ Layers (localrun/README.md has the map, module by module):
     chart.py    everything the local run knows about the elastic-job chart
     state.py    the run state (one parser feeds it; view.py and the summary read it)
     cli.py      the command line and the fault grammar; faults.py what faults do
-    run.py      one run; render.py helm template
+    run.py      one run (runsetup.py, runend.py, runbase.py); render.py helm template
 """
