@@ -171,6 +171,7 @@ def run(opts: Options) -> dict[str, Any]:
             "platform": platform.platform(),
             "python": platform.python_version(),
             "torch": __import__("torch").__version__,
+            "load_average": round(os.getloadavg()[0], 1),  # at the start: how quiet it was
         },
         "command": " ".join(["scripts/bench", *sys.argv[1:]]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

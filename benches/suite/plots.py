@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from benches.churn.goodput import SERIES_BIN_S
 from benches.churn.report import FIGURES as CHURN_FIGURES
 from benches.churn.report import plot_panels as churn_panels
 from benches.suite.figures import PROFILES, RUNS
@@ -62,9 +63,12 @@ def caption(results: dict[str, Any]) -> str:
     """Which run a plot shows: its command, day, cores and torch."""
     machine = results.get("machine") or {}
     day = str(results.get("started", ""))[:10]
+    load = machine.get("load_average")
     return (
         f"{results.get('command', 'scripts/bench')}, {day}, "
-        f"{machine.get('cpus', '?')} cores, torch {machine.get('torch', '?')}"
+        f"{machine.get('cpus', '?')} cores"
+        + (f" (load {load} at the start)" if load else "")
+        + f", torch {machine.get('torch', '?')}"
     )
 
 
@@ -105,13 +109,14 @@ def goodput_series(results: dict[str, Any]) -> dict[str, list[list[float]]]:
 
 
 def overview(results: dict[str, Any], path: Path) -> bool:
-    """bench.png: a panel per figure (medians; rendezvous by size). False: no matplotlib."""
-    plt = _pyplot()
-    if plt is None:
-        return False
+    """bench.png: a panel per figure (medians; rendezvous by size). False: no figure in
+    `results`, or no matplotlib."""
     figures = [f for f in RUNS if f in results]
     churn = [f for f in CHURN_FIGURES if f in results]
     panels = len(figures) + (1 if "rendezvous" in results else 0) + len(churn)
+    plt = _pyplot()
+    if plt is None or not panels:
+        return False
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), squeeze=False)
     for ax, name in zip(axes[0], figures, strict=False):
         labels = list(results[name]["summary"])
@@ -172,7 +177,10 @@ def goodput_over_time(results: dict[str, Any], path: Path) -> bool:
     for label, points in lines.items():
         xs = [p[0] for p in points]
         ys = [p[1] for p in points]
-        ax.step(xs, ys, where="post", label=label, color=COLORS.get(label))
+        width = xs[1] - xs[0] if len(xs) > 1 else SERIES_BIN_S
+        # each point is a bin's start: the last bin drawn to its end
+        ax.step([*xs, xs[-1] + width], [*ys, ys[-1]], where="post", label=label,
+                color=COLORS.get(label))  # fmt: skip
     churn = f"a pod lost every {period:g} s, back after {down:g} s: shaded"
     ax.set_xlabel(f"seconds from the first loss ({churn})")
     ax.set_ylabel("kept samples / s")
