@@ -9,9 +9,12 @@ command line). Figures are printed beside a baseline measured in the same run.
     init_topology.py       scripts/bench-init-topology: the init container end to end
     reform_monitoring.py   scripts/bench-reform-monitoring: whether metrics slow a re-form
 
-Shared: env.py (the checkout, its venv, the re-exec into it), procs.py (etcd, ports,
-process trees, busy loops, a quiet machine), stats.py (medians, spreads, a bound),
-worker.py (every name taken from elastic_worker, in one place).
+Shared by them:
+
+    env.py         the checkout, its venv, the re-exec into it
+    procs.py       a private etcd, free ports, process trees, busy loops, a quiet machine
+    stats.py       medians and spreads, a wait cut at a bound, percentiles
+    worker.py      every name taken from elastic_worker, in one place
 
 Programs the benches start in processes of their own are modules run with `python -m`
 (recovery/lifeline_node.py, rendezvous/agents.py, soak/member.py). This package imports
