@@ -1,7 +1,7 @@
 """The project's recovery and rendezvous figures, beside torch's defaults, in one run.
 
-    scripts/bench                 # full: a few repeats of each, ~25 min on 2 cores
-    scripts/bench --quick         # one of each, fewer agents, ~6 min
+    scripts/bench                 # 3 repeats, up to 256 agents, the silent loss: over an hour
+    scripts/bench --quick         # one run of each, fewer agents, no silent loss: ~QUICK_MIN min
     scripts/bench --only rendezvous --out out/bench
 
 Each figure is measured for torch's defaults and for what elastic-worker runs, in the
@@ -27,7 +27,9 @@ Through the local run of the chart (scripts/bench-churn does the work; root, nam
             20, 2): kept samples per wall second, elastic-job (2:3) beside a fixed-size
             job (3:3) that waits for the pod and resumes from its checkpoint
 
-Writes bench.json and, when matplotlib is installed, bench.png to --out.
+Writes bench.json (with each figure's duration) and, when matplotlib is installed, the plots
+to --out (benches/suite/plots.py; docs/benchmarks.md shows them). The durations above are on
+2 cores: --quick's is the run in docs/benchmarks/bench.json (tests/docs checks it).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -90,6 +93,10 @@ def parse(argv: list[str] | None = None) -> Options:
     )
     args = parser.parse_args(argv)
     sizes = args.agents or (QUICK_SIZES if args.quick else FULL_SIZES)
+    if not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", sizes):
+        parser.error(f"--agents {sizes}: give agent counts, comma-separated, e.g. 8,32")
+    if args.replot is not None and not args.replot.is_file():
+        parser.error(f"--replot {args.replot}: no such file (a bench.json of an earlier run)")
     return Options(
         figures=[] if args.replot else select_figures(parser, args.only, args.quick),
         quick=args.quick,

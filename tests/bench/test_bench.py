@@ -51,3 +51,19 @@ def test_an_unknown_figure_is_refused_naming_the_choices() -> None:
     assert result.returncode == 2
     assert "--only: invalid choice: 'nonsense'" in result.stderr
     assert "rendezvous" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--agents", "8,x"], "--agents 8,x: give agent counts, comma-separated, e.g. 8,32"),
+        (["--replot", "/nonexistent/bench.json"], "--replot /nonexistent/bench.json: no such file"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_the_value(args: list[str], message: str) -> None:
+    result = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), str(BENCH), *args],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert message in result.stderr
