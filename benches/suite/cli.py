@@ -1,7 +1,7 @@
 """The project's recovery and rendezvous figures, beside torch's defaults, in one run.
 
     scripts/bench                 # 3 repeats, up to 256 agents, the silent loss: over an hour
-    scripts/bench --quick         # one run of each, fewer agents, no silent loss: ~QUICK_MIN min
+    scripts/bench --quick         # one run of each, fewer agents, no silent loss: ~25 min
     scripts/bench --only rendezvous --out out/bench
 
 Each figure is measured for torch's defaults and for what elastic-worker runs, in the

@@ -148,17 +148,17 @@ def recovery_phases(results: dict[str, Any], path: Path) -> bool:
         return False
     fig, ax = plt.subplots(figsize=(9, 0.7 * len(bars) + 1.8))
     shades = dict(zip(PHASE_ORDER, plt.get_cmap("tab10").colors, strict=False))
-    labelled: set[str] = set()
+    handles: dict[str, Any] = {}
     for y, (_, segments) in enumerate(reversed(bars)):
         for name, start, width in segments:
-            label = SEGMENTS[name] if name not in labelled else None
-            labelled.add(name)
-            ax.barh(y, width, left=start, color=shades[name], label=label, height=0.6)
+            handles[name] = ax.barh(y, width, left=start, color=shades[name], height=0.6)
         total = segments[-1][1] + segments[-1][2] if segments else 0.0
         ax.annotate(f"{total:.1f} s", (total, y), xytext=(4, -4), textcoords="offset points")
     ax.set_yticks(range(len(bars)), [title for title, _ in reversed(bars)], fontsize=8)
     ax.set_xlabel("seconds from the loss (scale-up: from the new node's start), medians")
-    ax.legend(fontsize=7, loc="lower right")
+    shown = [name for name in PHASE_ORDER if name in handles]  # in the order they happen
+    ax.legend([handles[n] for n in shown], [SEGMENTS[n] for n in shown], fontsize=7,
+              loc="lower right")  # fmt: skip
     return _save(plt, fig, f"Recovery by phase\n{caption(results)}", path)
 
 

@@ -129,7 +129,6 @@ def test_replot_draws_again_from_a_bench_json_without_running_anything(tmp_path:
     assert not (tmp_path / "out" / "bench.json").exists()  # a replot writes no results
 
 
-@pytest.mark.skipif(not (DOCS / "bench.json").exists(), reason="no committed bench.json")
 def test_the_benchmarks_pages_plots_are_drawn_from_the_committed_bench_json(
     tmp_path: Path,
 ) -> None:
