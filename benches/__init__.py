@@ -8,11 +8,13 @@ command line). Figures are printed beside a baseline measured in the same run.
     soak/           scripts/soak-false-evictions: the round liveness on a saturated machine
     init_topology.py       scripts/bench-init-topology: the init container end to end
     reform_monitoring.py   scripts/bench-reform-monitoring: whether metrics slow a re-form
+    render.py              scripts/bench-render: `helm template` with many worker groups
 
 Shared by them:
 
     env.py         the checkout, its venv, the re-exec into it
     procs.py       a private etcd, free ports, process trees, busy loops, a quiet machine
+    cgroups.py     a cgroup of our own: a measured process under a CPU or memory limit
     stats.py       medians and spreads, a wait cut at a bound, percentiles
     worker.py      every name taken from elastic_worker, in one place
 

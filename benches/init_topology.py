@@ -19,9 +19,9 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
+from benches.cgroups import joined, own_cgroup
 from benches.env import VENV_BIN
 from benches.stats import min_median_max
 from localrun.cluster.apiserver import FakeApiServer
@@ -44,37 +44,24 @@ def cpu_limit(text: str) -> str:
     return text
 
 
-@contextlib.contextmanager
-def cpu_cgroup(cores: float) -> Iterator[Path | None]:
+def cpu_cgroup(cores: float) -> contextlib.AbstractContextManager[Path | None]:
     """A cgroup of our own limited to `cores` CPUs (cgroup v2, else v1); None if impossible."""
-    name = f"bench-init-topology-{os.getpid()}"
     period = 100_000
     quota = max(1000, int(cores * period))
-    candidates = [
-        (Path("/sys/fs/cgroup") / name, "cpu.max", f"{quota} {period}", "cgroup.procs"),
-        (Path("/sys/fs/cgroup/cpu") / name, "cpu.cfs_quota_us", str(quota), "tasks"),
-    ]
-    for path, knob, value, procs in candidates:
-        if not path.parent.is_dir() or not (path.parent / "cgroup.procs").exists():
-            continue
-        try:
-            path.mkdir()
-        except OSError:
-            continue
-        try:
-            (path / knob).write_text(value)
-            yield path / procs
-            return
-        finally:
-            path.rmdir()
-    yield None
+    return own_cgroup(
+        f"bench-init-topology-{os.getpid()}",
+        [
+            (Path("/sys/fs/cgroup"), "cpu.max", f"{quota} {period}", "cgroup.procs"),
+            (Path("/sys/fs/cgroup/cpu"), "cpu.cfs_quota_us", str(quota), "tasks"),
+        ],
+    )
 
 
 def run_once(env: dict[str, str], procs: Path | None) -> tuple[float, float, int]:
     """(wall seconds, CPU seconds, peak RSS in KiB) of one run."""
     cmd = [str(VENV_BIN / "init-topology")]
-    if procs is not None:  # join the cgroup, then exec: the whole run counts against it
-        cmd = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *cmd]
+    if procs is not None:  # the whole run counts against the cgroup
+        cmd = joined(procs, cmd)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)

@@ -26,3 +26,13 @@ def test_it_prints_a_row_per_revision_and_group_count_from_the_system_python() -
     assert sts_kib[("worktree", "2")] == sts_kib[("worktree", "6")]
     # objects: 6 groups render four more StatefulSets than 2.
     assert int(rows[2][8]) - int(rows[0][8]) == 4
+
+
+def test_a_bad_memory_limit_is_refused_naming_it_before_anything_renders() -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--memory-limit", "lots"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "argument --memory-limit: 'lots' is not a size: write e.g. 4G or 512M" in result.stderr
+    assert "helm template" not in result.stdout
