@@ -176,3 +176,21 @@ def test_events_watch_goes_on_when_the_server_ends_a_watch(
     assert reasons[0] == "TerminationByKubelet"  # the list, first
     assert "Reformed" in reasons and "PodDeleted" in reasons, reasons
     assert reasons.count("TerminationByKubelet") == 1  # not said again after a new list
+
+
+def test_logs_that_are_not_utf8_are_printed_as_kubectl_prints_them(
+    api: FakeApiServer, kubeconfig: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A training script may print bytes that are not UTF-8 (a binary blob, a multibyte
+    character cut by a buffer); the client's decoding of the body raised on them, and the
+    kubernetes client 36 turns every log into the text "b'...'": the body is read raw and
+    decoded here, with the bad bytes replaced."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    path = logs / "run42-elastic-job-default-1.log"
+    path.write_bytes(
+        podlogs.start_line("worker", 1, 0, "10:00:00").encode() + b"step=3 \xff\xfe ok \xc3\xa9\n"
+    )
+    api.log_source = lambda ns, name, c: (logs / f"{name}.log", 1)
+    code, out, err = run(kubeconfig, "logs", "run42", "run42-elastic-job-default-1", capsys=capsys)
+    assert (code, out, err) == (0, "step=3 \ufffd\ufffd ok \u00e9\n", "")

@@ -94,6 +94,14 @@ class _Retry(urllib3.Retry):
         return super().increment(method, url, response, error, _pool, _stacktrace)
 
 
+def body_text(resp: Any) -> str:
+    """A raw response's body as text: the client's own decoding differs by version (36
+    returns the text "b'...'" for pods/log and pods/proxy), and a log may hold bytes that
+    are not UTF-8, which are replaced as a terminal shows them."""
+    body: bytes = resp.data
+    return body.decode("utf-8", errors="replace")
+
+
 def _no_read_timeout(resp: Any) -> Any:
     """A stream's response once its headers came: its reads wait as long as the stream
     lasts (the socket's timeout was the read timeout, t)."""
@@ -192,6 +200,16 @@ class Kube:
         data: Obj = json.loads(body)
         return data
 
+    def text(
+        self, verb: str, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> str:
+        """A body that is text (pods/log), read raw (body_text)."""
+        resp = self.call(verb, resource, fn, *args, _preload_content=False, **kwargs)
+        try:
+            return body_text(resp)  # read here, within the same timeout
+        except urllib3.exceptions.HTTPError as exc:
+            raise self.unreachable(exc) from None
+
     def open_stream(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`fn` for a stream (`follow=True`): the urllib3 response once the server
         answered within the timeout, its reads then unbounded."""
@@ -273,11 +291,14 @@ class Kube:
         if (pod.get("status") or {}).get("phase") != "Running":
             return None, "on"
         try:
-            text = self.core.connect_get_namespaced_pod_proxy_with_path(
-                f"{o.name(pod)}:{o.METRICS_PORT}",
-                pod["metadata"].get("namespace") or self.namespace,
-                "metrics",
-                _request_timeout=self.metrics_timeout,
+            text = body_text(
+                self.core.connect_get_namespaced_pod_proxy_with_path(
+                    f"{o.name(pod)}:{o.METRICS_PORT}",
+                    pod["metadata"].get("namespace") or self.namespace,
+                    "metrics",
+                    _request_timeout=self.metrics_timeout,
+                    _preload_content=False,
+                )
             )
         except ApiException as exc:
             if exc.status == 403:
@@ -285,7 +306,7 @@ class Kube:
             return None, "on"
         except urllib3.exceptions.HTTPError:
             return None, "on"
-        return promtext.parse(str(text)), "on"
+        return promtext.parse(text), "on"
 
     def metrics_of(self, pods: list[Obj]) -> dict[str, tuple[dict[str, float] | None, str]]:
         """metrics() of many pods, METRICS_PARALLEL at a time, by pod uid."""

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from elastic_job_cli import jobstate
 from elastic_job_cli import objects as o
-from elastic_job_cli.kube import CommandError, Kube
+from elastic_job_cli.kube import CommandError, Kube, body_text
 
 Obj = dict[str, Any]
 POLL = 1.0  # seconds between looks at the job while following
@@ -73,11 +73,11 @@ def find_rank0(kube: Kube, pods: list[Obj]) -> Rank0 | None:
         return None  # the metrics say nobody trains now (a re-form, or the gate)
     candidates = []
     for p in running:
-        text = kube.call(
+        text = kube.text(
             "get", "pods/log", kube.core.read_namespaced_pod_log, o.name(p), kube.namespace,
             container=o.WORKER_CONTAINER, tail_lines=2000,
         )  # fmt: skip
-        attempt = last_attempt(str(text))
+        attempt = last_attempt(text)
         if attempt is not None and attempt[0] == 0:
             started = (
                 (o.worker_status(p).get("state") or {}).get("running", {}).get("startedAt", "")
@@ -161,8 +161,8 @@ def follow_rank0(kube: Kube, release: str, *, follow: bool, tail: int, out: Text
             raise CommandError(
                 f"no pod of {release} trains as rank 0 now (elastic-job status {release})"
             )
-        out.write(str(kube.call("get", "pods/log", kube.core.read_namespaced_pod_log, r.pod,
-                                kube.namespace, container=o.WORKER_CONTAINER)))  # fmt: skip
+        out.write(kube.text("get", "pods/log", kube.core.read_namespaced_pod_log, r.pod,
+                            kube.namespace, container=o.WORKER_CONTAINER))  # fmt: skip
         return 0
     while True:
         pods = kube.pods(release, rel.statefulsets)
@@ -241,16 +241,10 @@ def show(
         params["tail_lines"] = tail
     if not follow or previous:
         for name in targets:
-            text = str(
-                kube.call(
-                    "get",
-                    "pods/log",
-                    kube.core.read_namespaced_pod_log,
-                    name,
-                    kube.namespace,
-                    **params,
-                )
-            )
+            text = kube.text(
+                "get", "pods/log", kube.core.read_namespaced_pod_log, name, kube.namespace,
+                **params,
+            )  # fmt: skip
             prefix = f"[{name}] " if pod is None else ""
             for line in text.splitlines(keepends=True):
                 out.write(prefix + line)
@@ -319,16 +313,19 @@ class Saver:
         if old is not None:
             old.stop()
         try:
-            text = self.kube.core.read_namespaced_pod_log(
-                o.name(pod),
-                self.kube.namespace,
-                container=o.WORKER_CONTAINER,
-                previous=True,
-                _request_timeout=self.kube.request_timeout,
+            text = body_text(
+                self.kube.core.read_namespaced_pod_log(
+                    o.name(pod),
+                    self.kube.namespace,
+                    container=o.WORKER_CONTAINER,
+                    previous=True,
+                    _request_timeout=self.kube.request_timeout,
+                    _preload_content=False,
+                )
             )
         except Exception:  # noqa: BLE001 - not kept (yet): try again next time
             return
-        self.path(pod, restart).write_text(str(text))
+        self.path(pod, restart).write_text(text)
         self.complete_runs.add((uid, restart))
 
     def run(self) -> int:
