@@ -9,10 +9,15 @@ the soak writes is one the worker reads.)
 
 from __future__ import annotations
 
-from elastic_worker import config, etcdv2, leave, lifeline, liveness, warm
-from elastic_worker.attempt import ATTEMPT_PREFIX, parse_attempt
+from elastic_worker.keystore import etcdv2
+from elastic_worker.launch.attempt_line import ATTEMPT_PREFIX, parse_attempt
 from elastic_worker.main import setup_logging
-from elastic_worker.settings import BY_NAME, RDZV_CONF_DEFAULT, rdzv_conf_default
+from elastic_worker.recovery import leave
+from elastic_worker.recovery import lossdetect as liveness
+from elastic_worker.recovery.lifelines import client as lifeline
+from elastic_worker.settings import config
+from elastic_worker.settings.definitions import BY_NAME, RDZV_CONF_DEFAULT, rdzv_conf_default
+from elastic_worker.warm import server as warm
 
 __all__ = [
     "ATTEMPT_PREFIX",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from elastic_worker import completion
-from elastic_worker.config import KubeApi
+from elastic_worker.settings.config import KubeApi
 
 from localrun import chart
 from localrun.cluster.pod import Phase, Pod

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from chart_render import CLUSTER, ELASTIC_JOB, NAMESPACE, RELEASE, objects, render_error
-from elastic_worker.metrics import Identity, JobMetrics
+from elastic_worker.observe.metrics import Identity, JobMetrics
 
 DASHBOARD = CLUSTER / "dashboards" / "elastic-job.json"
 ON = ["dashboard.enabled=true"]

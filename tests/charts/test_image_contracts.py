@@ -21,7 +21,9 @@ from chart_render import (
 )
 from worker_sts import mounted_file
 
-worker_config = pytest.importorskip("elastic_worker.config", reason="scripts/bootstrap installs it")
+worker_config = pytest.importorskip(
+    "elastic_worker.settings.config", reason="scripts/bootstrap installs it"
+)
 topology_config = pytest.importorskip(
     "init_topology.config", reason="scripts/bootstrap installs it"
 )

@@ -20,7 +20,7 @@ from chart_render import (
     render,
     worker_statefulsets,
 )
-from elastic_worker import config
+from elastic_worker.settings import config
 from worker_sts import mounted_file
 
 MULTI = ELASTIC_JOB / "ci" / "multigroup-values.yaml"

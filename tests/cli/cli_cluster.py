@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from elastic_job_cli import cli
-from elastic_worker.metrics import Attempt, Identity, JobMetrics, Tracker, serve
+from elastic_worker.observe.metrics import Attempt, Identity, JobMetrics, Tracker, serve
 
 from localrun.cluster.apiserver import FakeApiServer
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from elastic_job_cli import jobstate, pricing, promtext, timeline
-from elastic_worker.metrics import Attempt, Identity, JobMetrics, Tracker
+from elastic_worker.observe.metrics import Attempt, Identity, JobMetrics, Tracker
 from prometheus_client import generate_latest
 
 from localrun.cluster.nodes import load_nodes

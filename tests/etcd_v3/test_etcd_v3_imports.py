@@ -32,7 +32,7 @@ def _run(code: str) -> str:
         "torch_etcd_v3.backoff",
         "torch_etcd_v3.config",
         "torch_etcd_v3.handler",
-        "elastic_worker.etcdv3",
+        "elastic_worker.keystore.etcdv3",
     ],
 )
 def test_the_key_value_client_imports_no_torch(module: str) -> None:
@@ -46,7 +46,8 @@ def test_the_worker_key_store_reaches_etcd_without_torch(etcd3: object) -> None:
     endpoint = getattr(etcd3, "endpoint")  # noqa: B009 - the fixture's EtcdServer
     code = f"""
 import sys
-from elastic_worker import config, kvstore
+from elastic_worker.settings import config
+from elastic_worker.keystore import interface as kvstore
 env = {{
     "ELASTIC_JOB_ID": "kv", "ELASTIC_RDZV_ENDPOINT": "{endpoint}",
     "ELASTIC_RDZV_BACKEND": "etcd-v3", "ELASTIC_RDZV_CONF": "lease_ttl=30,key_prefix=/",

@@ -7,7 +7,9 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
-from elastic_worker import completion, config, kvstore
+from elastic_worker import completion
+from elastic_worker.keystore import interface as kvstore
+from elastic_worker.settings import config
 from testlib import EtcdServer
 
 from localrun import chart

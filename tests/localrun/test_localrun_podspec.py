@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from elastic_worker import settings as worker_settings
+from elastic_worker.settings import definitions as worker_settings
 from init_topology import config as init_config
 
 from localrun.cluster.podspec import (

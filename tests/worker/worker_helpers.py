@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elastic_worker import config, kvstore
-from elastic_worker.kvstore import KeyStore
+from elastic_worker.keystore import interface as kvstore
+from elastic_worker.keystore.interface import KeyStore
+from elastic_worker.settings import config
 from testlib import EtcdServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,9 @@ import urllib.error
 from collections.abc import Callable
 from datetime import datetime, timezone
 
-from elastic_worker import kubeapi, kvstore
-from elastic_worker.config import Config, ConfigError, KubeApi, read_statefulsets
+from elastic_worker.keystore import interface as kvstore
+from elastic_worker.observe import kubeapi
+from elastic_worker.settings.config import Config, ConfigError, KubeApi, read_statefulsets
 
 logger = logging.getLogger(__name__)
 

@@ -23,25 +23,22 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from elastic_worker import (
-    attempt,
-    completion,
-    config,
-    epoch,
-    events,
-    exits,
-    gate,
-    kvstore,
-    launch,
-    lifeline,
-    liveness,
-    memlock,
-    netif,
-    warm,
-)
+from elastic_worker import completion, exits
+from elastic_worker.gate import memlock, netif
+from elastic_worker.gate import wait as gate
+from elastic_worker.keystore import interface as kvstore
+from elastic_worker.launch import argv as launch
+from elastic_worker.launch import attempt_line as attempt
+from elastic_worker.observe import events
+from elastic_worker.recovery import epochs as epoch
+from elastic_worker.recovery import lossdetect as liveness
+from elastic_worker.recovery.lifelines import client as lifeline
+from elastic_worker.settings import config
+from elastic_worker.warm import server as warm
 
 if TYPE_CHECKING:  # imported when on (_metrics): prometheus-client is needed only then
-    from elastic_worker import follow, metrics
+    from elastic_worker.observe import attempts as follow
+    from elastic_worker.observe import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +163,7 @@ def _metrics(cfg: config.Config, recorder: events.Recorder) -> metrics.Tracker |
     costs the metrics, never the training: one warning line."""
     if not (cfg.metrics or recorder.enabled):
         return None
-    from elastic_worker import metrics  # noqa: PLC0415 - only when metrics are on
+    from elastic_worker.observe import metrics  # noqa: PLC0415 - only when metrics are on
 
     job_metrics = metrics.JobMetrics(metrics.Identity(cfg.job_id, cfg.group))
     job_metrics.node.info({"node": cfg.node_name, **dict(cfg.node_info)})
@@ -303,7 +300,7 @@ def _start_follower(
     tracker: metrics.Tracker, ready: _Ready, env: dict[str, str]
 ) -> follow.Follower | None:
     """Follow torchrun's attempts for the metrics; None when there is nowhere to do it."""
-    from elastic_worker import follow  # noqa: PLC0415 - only when metrics are on
+    from elastic_worker.observe import attempts as follow  # noqa: PLC0415 - only when metrics are on
 
     members = ready.registration.count if ready.registration is not None else None
     try:

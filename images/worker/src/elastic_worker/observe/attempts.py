@@ -1,0 +1,94 @@
+"""Follow what torchrun does through our own components, for the metrics.
+
+The attempt shim (launch.ATTEMPT_LINE) appends each attempt line, with the PID of the
+program it then execs, to ELASTIC_ATTEMPT_LOG; the training script may append
+`step=<n>` lines to ELASTIC_PROGRESS_FILE (docs/contracts.md). Both files live in a
+private temporary directory of this process. A thread reads what was appended every
+`interval` seconds and watches the current attempt's process: its end is when this node
+left the round (a failure seen, or torchrun stopping it for a re-form). Nothing here reads
+torchrun's log lines or torch's etcd keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from elastic_worker.launch.attempt_line import ATTEMPT_LOG_ENV, Tail, parse_attempt, process_alive
+from elastic_worker.observe.metrics import Tracker, parse_progress
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_FILE_ENV = "ELASTIC_PROGRESS_FILE"
+INTERVAL = 0.5  # seconds between reads; a re-form takes seconds (docs/recovery.md)
+MEMBERS_EVERY = 10  # intervals between counts of the registered members
+
+
+class Follower:
+    """Reads the attempt log and progress file into `tracker` from a daemon thread."""
+
+    def __init__(
+        self,
+        tracker: Tracker,
+        members: Callable[[], int] | None = None,
+        interval: float = INTERVAL,
+    ) -> None:
+        self.tracker = tracker
+        self.members = members
+        self.interval = interval
+        self.dir = Path(tempfile.mkdtemp(prefix="elastic-worker-"))
+        self.attempt_log = self.dir / "attempts"
+        self.progress_file = self.dir / "progress"
+        self._attempts = Tail(self.attempt_log)
+        self._progress = Tail(self.progress_file)
+        self._pid: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def env(self) -> dict[str, str]:
+        """The variables torchrun's environment gets (the shim and the script read them)."""
+        return {ATTEMPT_LOG_ENV: str(self.attempt_log), PROGRESS_FILE_ENV: str(self.progress_file)}
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="follow", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.poll()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _run(self) -> None:
+        tick = 0
+        while not self._stop.wait(self.interval):
+            try:
+                self.poll()
+                if self.members is not None and tick % MEMBERS_EVERY == 0:
+                    self.tracker.members_registered(self.members())
+            except Exception as exc:  # noqa: BLE001 - metrics must never end the worker
+                logger.debug("following torchrun: %s", exc)
+            tick += 1
+
+    def poll(self) -> None:
+        """One read of both files and one look at the current attempt's process."""
+        for line in self._attempts.lines():
+            attempt = parse_attempt(line)
+            if attempt is None:
+                continue
+            if self._pid is not None and self._pid != attempt.pid:
+                self.tracker.attempt_ended()
+            self._pid = attempt.pid
+            self.tracker.attempt(attempt)
+        # Progress before the liveness check: the last step of an attempt counts for it.
+        steps = [s for s in map(parse_progress, self._progress.lines()) if s is not None]
+        if steps:
+            self.tracker.progress(max(steps))
+        if self._pid is not None and not process_alive(self._pid):
+            self._pid = None
+            self.tracker.attempt_ended()

@@ -1,0 +1,276 @@
+"""Silent-loss detection: the members of the running round keep short-lived keys in
+etcd; when one lapses, the survivors stop their training processes at once.
+
+A node that vanishes without resetting its sockets (link cut, frozen VM, kernel panic)
+leaves the others blocked inside a collective until the script's process-group timeout
+(30 min with gloo's default). torchrun cannot see it: its workers are alive, only
+blocked. So, beside torchrun (docs/contracts.md, "Round liveness"):
+
+- A round is what the workers of one attempt share: TORCHELASTIC_RUN_ID and
+  MASTER_ADDR:MASTER_PORT (torch's documented worker environment; the round's rank 0
+  agent picks a free port for every round), read from the environment of the program
+  the attempt shim started (its attempt line gives the PID).
+- While this pod's attempt runs, <prefix>/rounds/<round>/<pod> holds `alive` with a TTL
+  of TTL s, refreshed every REFRESH s. When the attempt ends or the worker stops it is
+  rewritten `left` (a clean leave: nobody reacts), and expires after LEFT_TTL s.
+  A member acts only while its own key is there, and the round's `.round` marker (written
+  once, without a TTL) tells a lapse from etcd losing its data (a new etcd pod: every
+  key gone at once; nobody is stopped and the keys are written again).
+- Every POLL s the round's directory is read. A member seen `alive` whose key is gone
+  has lapsed (its pod stopped refreshing: cut off, frozen, killed), so this pod SIGKILLs
+  its attempt's program: torchrun sees a failed worker, stops the others, uses one
+  restart and rendezvouses; the lost node's torch keep-alive (1 s x 3) has expired by
+  then, so the new round closes without it.
+- This pod's own key found lapsed when it refreshes, the marker unchanged (it was cut
+  off for longer than TTL and the others went on without it), stops its own
+  attempt too: it rejoins at the next re-form instead of waiting in a dead collective.
+
+Nothing is stopped once the job is complete: a member that finished is not lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from elastic_worker import completion
+from elastic_worker.keystore import interface as kvstore
+from elastic_worker.launch.attempt_line import Tail, ensure_log, parse_attempt, process_alive
+from elastic_worker.settings.config import Config
+
+logger = logging.getLogger(__name__)
+
+# TTL trades detection time against false evictions: a member is lost TTL s (+ etcd's
+# 0.5 s expiry tick) after its last refresh; a healthy one must refresh within TTL s
+# even on a saturated node (measured: scripts/soak-false-evictions, docs/recovery.md).
+TTL = 4  # seconds; etcd v2 TTLs and v3 lease TTLs are whole seconds
+REFRESH = 1.0  # seconds between refreshes: 3 missed refreshes before a lapse
+POLL = 0.5  # seconds between reads of the round's members and of the attempt log
+LEFT_TTL = 60  # seconds a `left` key stays: long enough for every member's next read
+REQUEST_TIMEOUT = 2.0  # one slow etcd request must not hold the next refresh long
+ALIVE, LEFT = "alive", "left"
+MARKER = ".round"  # not a pod name (those are DNS labels): the round's marker key
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """This pod's current attempt: its round and the program torchrun started."""
+
+    round: str
+    pid: int
+
+
+def round_of(run_id: str, pid: int) -> str | None:
+    """`<run_id>@<MASTER_ADDR>:<MASTER_PORT>` from the program's environment; None when
+    it has ended or the variables are missing (torch sets both for every worker)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    addr, port = env.get(b"MASTER_ADDR"), env.get(b"MASTER_PORT")
+    if not addr or not port:
+        return None
+    name = f"{run_id}@{addr.decode(errors='replace')}:{port.decode(errors='replace')}"
+    return name.replace("/", "_")
+
+
+class Watch:
+    """Keeps this pod's key for its current round and watches the round's other members.
+
+    `attempt_log` is the file the attempt shim appends to (ELASTIC_ATTEMPT_LOG)."""
+
+    def __init__(
+        self,
+        client: kvstore.KeyStore,
+        config: Config,
+        attempt_log: Path,
+        *,
+        ttl: int = TTL,
+        refresh: float = REFRESH,
+        poll: float = POLL,
+    ) -> None:
+        # One client per thread, with a short timeout: a refresh never waits on a read.
+        self._writer = client.with_timeout(REQUEST_TIMEOUT)
+        self._reader = client.with_timeout(REQUEST_TIMEOUT)
+        self.config = config
+        self.dir = f"{config.key_prefix}/rounds"
+        self.ttl, self.refresh, self.poll = ttl, refresh, poll
+        self._log = Tail(attempt_log)
+        self._lock = threading.Lock()
+        self._attempt: Attempt | None = None
+        self._written: str | None = None  # the round whose key this pod last wrote alive
+        self._marker: str | None = None  # that round's marker (_read_marker)
+        self._watched: str | None = None  # the round `_seen` belongs to
+        self._seen: set[str] = set()  # members seen alive in that round
+        self.own_dir: Path | None = None  # a temporary directory to remove at stop
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def key(self, round_: str, pod: str | None = None) -> str:
+        return f"{self.dir}/{round_}/{pod or self.config.pod_name}"
+
+    def start(self) -> None:
+        for name, target in (("liveness-refresh", self._refresh), ("liveness-watch", self._watch)):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        """Stop both threads and leave the current round cleanly."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=REQUEST_TIMEOUT * 2)
+        self._leave()
+        if self.own_dir is not None:
+            shutil.rmtree(self.own_dir, ignore_errors=True)
+
+    def _refresh(self) -> None:
+        while not self._stop.wait(self.refresh):
+            self.refresh_once()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll):
+            try:
+                self.watch_once()
+            except Exception as exc:  # noqa: BLE001 - detection must never end the worker
+                logger.debug("round liveness: %s", exc)
+
+    def current(self) -> Attempt | None:
+        """Read new attempt lines; the attempt whose program still runs, if any."""
+        with self._lock:
+            for line in self._log.lines():
+                parsed = parse_attempt(line)
+                if parsed is None:
+                    continue
+                round_ = round_of(parsed.run_id, parsed.pid)
+                if round_ is not None:
+                    self._attempt = Attempt(round_, parsed.pid)
+            if self._attempt is not None and not process_alive(self._attempt.pid):
+                self._attempt = None
+            return self._attempt
+
+    def refresh_once(self) -> None:
+        """Write or refresh this pod's key of the current round; leave a finished one."""
+        attempt = self.current()
+        if self._written is not None and (attempt is None or attempt.round != self._written):
+            self._leave()
+        if attempt is None:
+            return
+        first = self._written != attempt.round
+        try:
+            # After the first write, prevExist: a key that lapsed is not silently rewritten.
+            self._writer.set(
+                self.key(attempt.round), ALIVE, ttl=self.ttl, prev_exist=None if first else True
+            )
+            if first:
+                self._marker = self._read_marker(attempt.round)
+            self._written = attempt.round
+        except kvstore.KeyNotFound:
+            self._lapsed(attempt)
+        except kvstore.EtcdError as exc:
+            logger.debug("could not refresh %s: %s", self.key(attempt.round), exc)
+
+    def _read_marker(self, round_: str) -> str | None:
+        """The round's marker (written once, by its first member, without a TTL): the
+        same value later means the same etcd data."""
+        key = f"{self.dir}/{round_}/{MARKER}"
+        try:
+            self._writer.set(key, f"{self.config.pod_name} {time.time():.6f}", prev_exist=False)
+        except kvstore.NodeExists:
+            pass
+        except kvstore.EtcdError:
+            return None
+        try:
+            return self._writer.get_value(key)
+        except kvstore.EtcdError:
+            return None
+
+    def _lapsed(self, attempt: Attempt) -> None:
+        """This pod's key is gone. With the round's marker as it was, it lapsed: the
+        others went on without this pod, so its attempt is stopped. With the marker gone
+        or another one, etcd lost its data (a new etcd pod): the key is written again."""
+        try:
+            marker = self._writer.get_value(f"{self.dir}/{attempt.round}/{MARKER}")
+        except kvstore.EtcdError as exc:
+            logger.debug("could not read the marker of round %s: %s", attempt.round, exc)
+            return  # the next refresh asks again
+        self._written = None
+        if self._marker is not None and marker != self._marker:
+            logger.info("round %s is gone from etcd (a new etcd?): joining it again", attempt.round)
+            return
+        self._stop_attempt(
+            attempt,
+            f"this pod's key {self.key(attempt.round)} lapsed (cut off from etcd for more "
+            f"than {self.ttl} s): the others have gone on without it",
+        )
+
+    def watch_once(self) -> None:
+        """One read of the current round's members; stop the attempt when one lapsed."""
+        attempt = self.current()
+        if attempt is None or attempt.round != self._watched:
+            self._watched = attempt.round if attempt is not None else None
+            self._seen = set()
+        if attempt is None:
+            return
+        try:
+            nodes = self._reader.list_dir(f"{self.dir}/{attempt.round}")
+        except kvstore.EtcdError as exc:
+            logger.debug("could not read the members of round %s: %s", attempt.round, exc)
+            return
+        names = {n.key.rsplit("/", 1)[-1]: n.value for n in nodes}
+        alive = {name for name, value in names.items() if value == ALIVE and name != MARKER}
+        left = {name for name, value in names.items() if value == LEFT and name != MARKER}
+        if self.config.pod_name not in alive:
+            # This pod's own key is not there (not written yet, lapsed, or etcd lost its
+            # data): nothing here says that another member is the one cut off.
+            self._seen = set()
+            return
+        lapsed = sorted(self._seen - alive - left - {self.config.pod_name})
+        self._seen = (self._seen | alive) - left
+        if not lapsed:
+            return
+        if completion.complete_now(self._reader, self.config):
+            return
+        self._seen -= set(lapsed)
+        self._stop_attempt(
+            attempt,
+            f"{', '.join(lapsed)} of round {attempt.round} stopped renewing its key for "
+            f"{self.ttl} s (link cut, frozen or gone)",
+        )
+
+    def _stop_attempt(self, attempt: Attempt, why: str) -> None:
+        logger.warning(
+            "silent loss: %s: stopping this pod's training process (pid %d) so that "
+            "torchrun re-forms now (chart: rendezvous.lossDetection.enabled=false turns this off)",
+            why,
+            attempt.pid,
+        )
+        with contextlib.suppress(ProcessLookupError):  # it ended by itself meanwhile
+            os.kill(attempt.pid, signal.SIGKILL)
+
+    def _leave(self) -> None:
+        written, self._written = self._written, None
+        if written is None:
+            return
+        try:
+            self._writer.set(self.key(written), LEFT, ttl=LEFT_TTL, prev_exist=True)
+        except kvstore.EtcdError as exc:  # lapsed already, or etcd away: it expires
+            logger.debug("could not leave round %s: %s", written, exc)
+
+
+def start(client: kvstore.KeyStore, config: Config, env: dict[str, str]) -> Watch:
+    """Start watching the rounds of torchrun run with `env`; sets the attempt log there
+    when the metrics' follower did not (both read the same file)."""
+    log, own_dir = ensure_log(env, "elastic-liveness-")
+    watch = Watch(client, config, log)
+    watch.own_dir = own_dir
+    watch.start()
+    return watch

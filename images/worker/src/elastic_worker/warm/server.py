@@ -1,0 +1,372 @@
+"""Warm starts: a server that has imported torch forks each new training process.
+
+After a re-form most of the wait is a new interpreter importing torch (~2 s here, more in
+CUDA images). The entrypoint starts this server once per pod, before torchrun; torchrun
+runs warmstart.py in place of `python -u`, which asks the server for a child. The child
+is a fork of a process that has imported torch (and the modules in
+ELASTIC_WARM_PRELOAD) and nothing else: no CUDA context (checked before every fork), no
+user code. In the child, the client's stdin/stdout/stderr, environment, working
+directory and argv replace the server's, the script runs as `__main__` like
+`python -u`, and what import-time state would differ from a fresh interpreter is redone:
+torch's thread count from OMP_NUM_THREADS, numpy's global seed (Python's `random`
+reseeds itself after fork). Each child leads its own process group (torchrun signals
+groups), dies with the server (PR_SET_PDEATHSIG) and is SIGKILLed when its client goes.
+
+Run: python -m elastic_worker.warm.server SOCKET [MODULE,...]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import runpy
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+logger = logging.getLogger("elastic_worker.warm.server")
+
+HEADER = struct.Struct("!I")
+PR_SET_PDEATHSIG = 1
+#: A request larger than this is refused (an environment is a few kilobytes).
+MAX_REQUEST = 1 << 22
+#: How long start() waits for the server's socket (a client finding none starts cold).
+BIND_WAIT = 5.0
+
+
+def warm_command(program: Sequence[str], python: str, socket_path: str) -> list[str] | None:
+    """The client's argv standing in for `program` (launch.program_argv's output), or None
+    when it is not `PY -u script ...` / `PY -u -m module ...` run by this interpreter."""
+    if len(program) < 3 or program[0] != python or program[1] != "-u":
+        return None
+    if program[2] == "-m" and len(program) < 4:
+        return None
+    if program[2].startswith("-") and program[2] != "-m":
+        return None
+    return [python, "-m", "elastic_worker.warm.client", socket_path, *program[1:]]
+
+
+@dataclass
+class Request:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    fds: list[int] = field(default_factory=list)
+
+
+def _recv_request(conn: socket.socket) -> Request:
+    conn.settimeout(10)
+    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+    if len(data) < HEADER.size:
+        raise ValueError("short request")
+    (size,) = HEADER.unpack_from(data)
+    if size > MAX_REQUEST:
+        raise ValueError(f"request of {size} bytes")
+    body = data[HEADER.size :]
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise ValueError("truncated request")
+        body += chunk
+    conn.settimeout(None)
+    fields = json.loads(body)
+    return Request(list(fields["argv"]), dict(fields["env"]), str(fields["cwd"]), list(fds))
+
+
+def _send(conn: socket.socket, **fields: int) -> None:
+    with contextlib.suppress(OSError):  # the client is gone: its EOF kills the child
+        conn.sendall(json.dumps(fields).encode() + b"\n")
+
+
+def _fork_safe() -> str | None:
+    """Why forking now would hand the child a state a fresh interpreter would not have."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA was initialised in the warm server (by a preloaded module)"
+    return None
+
+
+class Server:
+    def __init__(self, path: str) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(64)
+        self.children: dict[int, socket.socket] = {}
+        self.clients: dict[socket.socket, int] = {}
+        self.wakeup_r, self.wakeup_w = os.pipe()
+        os.set_blocking(self.wakeup_w, False)
+        self.selector = selectors.DefaultSelector()
+
+    def preload(self, modules: Sequence[str]) -> None:
+        done = []
+        for name in modules:
+            try:
+                __import__(name)
+            except Exception as exc:  # noqa: BLE001 - an import's own error, whatever it is
+                # Not fatal: the default lists torch's distributed modules, which an older
+                # torch may lack; the training process imports what it needs itself.
+                logger.warning("cannot import %s (%s): left to the training processes", name, exc)
+            else:
+                done.append(name)
+        logger.info("warm server ready: %s imported", ", ".join(done) or "nothing")
+
+    def serve(self) -> None:
+        """Until SIGTERM: fork a child per request, report how each ends."""
+        signal.set_wakeup_fd(self.wakeup_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self._stop)
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        self.selector.register(self.wakeup_r, selectors.EVENT_READ, "wakeup")
+        while True:
+            for key, _ in self.selector.select():
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "wakeup":
+                    os.read(self.wakeup_r, 512)
+                    self._reap()
+                else:
+                    self._client_event(key.fileobj)  # type: ignore[arg-type]
+
+    def _stop(self, signum: int, frame: object) -> None:
+        for pid in self.children:
+            self._kill(pid)
+        # Not SystemExit: the signal may come during interpreter teardown (torch's
+        # finalizers), and there is nothing of the server's own to flush.
+        os._exit(0)
+
+    @staticmethod
+    def _kill(pid: int) -> None:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+                return
+            except ProcessLookupError:
+                continue
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        try:
+            request = _recv_request(conn)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("warm server: bad request: %s", exc)
+            conn.close()
+            return
+        unsafe = _fork_safe()
+        if unsafe is not None:
+            logger.warning("warm server: not forking: %s", unsafe)
+            for fd in request.fds:
+                os.close(fd)
+            conn.close()  # the client starts cold
+            return
+        pid = os.fork()
+        if pid == 0:
+            self._become_child(conn, request)  # never returns
+        for fd in request.fds:
+            os.close(fd)
+        self.children[pid] = conn
+        self.clients[conn] = pid
+        self.selector.register(conn, selectors.EVENT_READ, "client")
+        _send(conn, pid=pid)
+
+    def _client_event(self, conn: socket.socket) -> None:
+        """The client sends nothing after its request: readable means it is gone."""
+        try:
+            if conn.recv(1, socket.MSG_PEEK):
+                conn.recv(4096)
+                return
+        except OSError:
+            pass
+        pid = self.clients.pop(conn)
+        self.selector.unregister(conn)
+        self._kill(pid)
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            if self.clients.pop(conn, None) is not None:
+                self.selector.unregister(conn)
+                _send(conn, status=status)
+            conn.close()
+
+    def _become_child(self, conn: socket.socket, request: Request) -> None:
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.selector.close()
+        self.listener.close()
+        for other in self.clients:
+            other.close()
+        conn.close()
+        os.close(self.wakeup_r)
+        os.close(self.wakeup_w)
+        os.setsid()  # torchrun signals the worker's group; the client forwards to ours
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the server died between fork and prctl
+            os._exit(137)
+        for target, fd in enumerate(request.fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        code = run_program(request.argv, request.env, request.cwd)
+        sys.exit(code)
+
+
+def run_program(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
+    """`python ARGV` in this process, from its environment on: returns the exit code
+    (None and SystemExit handled as the interpreter does)."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    _after_fork(env)
+    sys.orig_argv = [sys.executable, *argv]
+    args = list(argv)
+    if args and args[0] == "-u":
+        args = args[1:]
+        _unbuffered()
+    try:
+        if args[0] == "-m":
+            sys.argv = [args[1], *args[2:]]
+            sys.path[0] = cwd
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(args)
+            sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+            runpy.run_path(args[0], run_name="__main__")
+    except SystemExit as exc:
+        return _exit_code(exc.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        return 130
+    except BaseException as exc:  # noqa: BLE001 - reported as the interpreter would
+        trimmed = _user_frames(exc.__traceback__)
+        sys.excepthook(type(exc), exc.with_traceback(trimmed), trimmed)
+        return 1
+    return 0
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """Drop this module's and runpy's frames, as `python script.py` shows none of them."""
+    skip = {__file__, runpy.__file__, "<frozen runpy>"}
+    while tb is not None and tb.tb_frame.f_code.co_filename in skip:
+        tb = tb.tb_next
+    return tb
+
+
+def _unbuffered() -> None:
+    """What `-u` does at startup: stdout and stderr written through, unbuffered."""
+    import io  # noqa: PLC0415
+
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        stream = io.TextIOWrapper(
+            io.FileIO(fd, "w", closefd=False),
+            encoding=old.encoding,
+            errors=old.errors,
+            write_through=True,
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _after_fork(env: Mapping[str, str]) -> None:
+    """Redo what a fresh interpreter would have read from this environment at import."""
+    torch = sys.modules.get("torch")
+    threads = env.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+@dataclass
+class Handle:
+    """The running server, as the entrypoint holds it."""
+
+    proc: subprocess.Popen[bytes]
+    socket_path: str
+    directory: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for entry in self.directory.iterdir():
+            entry.unlink()
+        self.directory.rmdir()
+
+
+def start(python: str, preload: Sequence[str], env: Mapping[str, str]) -> Handle:
+    """Start the server (it listens before it imports, so an early client only waits)."""
+    directory = Path(tempfile.mkdtemp(prefix="elastic-warm-"))  # 0700: ours alone
+    path = str(directory / "socket")
+    proc = subprocess.Popen(
+        [python, "-m", "elastic_worker.warm.server", path, ",".join(preload)],
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    # It binds within a few tens of ms (before it imports): wait for that, so that no
+    # client finds the path missing and starts cold.
+    deadline = time.monotonic() + BIND_WAIT
+    while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return Handle(proc, path, directory)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not 1 <= len(args) <= 2:
+        sys.exit("usage: python -m elastic_worker.warm.server SOCKET [MODULE,...]")
+    logging.basicConfig(level=logging.INFO, format="elastic-worker warm: %(message)s")
+    parent = os.getppid()
+    # Go with the entrypoint, however it ends; its children (the clients) go with torchrun.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        sys.exit(0)
+    server = Server(args[0])
+    modules = [m for m in (args[1] if len(args) > 1 else "").split(",") if m]
+    server.preload(modules)
+    server.serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Tests of images/worker/examples (the reference training script)."""

@@ -1,0 +1,1 @@
+"""Tests of elastic_worker.launch, mirroring its layout."""

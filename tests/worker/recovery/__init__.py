@@ -1,0 +1,1 @@
+"""Tests of elastic_worker.recovery, mirroring its layout."""

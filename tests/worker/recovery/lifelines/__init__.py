@@ -1,0 +1,1 @@
+"""Tests of elastic_worker.recovery.lifelines, mirroring its layout."""

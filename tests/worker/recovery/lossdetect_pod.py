@@ -1,0 +1,31 @@
+"""One pod's round liveness, alone in a process (so that a test can freeze it with
+SIGSTOP, as a frozen VM or a cut link would): settings from the environment, the attempt
+log in argv[1]; SIGTERM leaves the round cleanly and exits."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from elastic_worker import main
+from elastic_worker.keystore import interface as kvstore
+from elastic_worker.recovery import lossdetect as liveness
+from elastic_worker.settings import config
+
+
+def run() -> None:
+    main.setup_logging(debug=True)
+    cfg = config.load(["train.py"])
+    watch = liveness.Watch(kvstore.connect(cfg), cfg, Path(sys.argv[1]))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    watch.start()
+    print("started", flush=True)
+    stop.wait()
+    watch.stop()
+
+
+if __name__ == "__main__":
+    run()

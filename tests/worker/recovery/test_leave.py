@@ -1,0 +1,272 @@
+"""leave.py: a stopped node's way out of torch's rendezvous round. It runs torch internals,
+so these tests pin them: the torch version it was checked against, and the behaviour on a
+real etcd (both backends) with an agent that joined a round and went away, as torchrun
+does after a SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from elastic_worker.recovery import epochs as epoch
+from elastic_worker.recovery import leave
+from elastic_worker.recovery.lifelines import client as lifeline
+from elastic_worker.settings import config
+from elastic_worker.warm import server as warm
+from testlib import EtcdServer, free_port
+
+from worker.worker_helpers import BACKENDS, ROOT, backend_etcd, wait_until, worker_env
+
+# One agent process, as torchrun makes it: the first handler of its process (local_id 0),
+# node address 127.0.0.1. It joins, prints its pid and exits without a word to the
+# rendezvous: its node stays in the round until its keep-alive lapses (a minute here).
+AGENT = textwrap.dedent(
+    """
+    import os, sys
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
+    backend, endpoint, run_id, nodes = sys.argv[1:5]
+    params = RendezvousParameters(
+        backend, endpoint, run_id, int(nodes), int(nodes), local_addr="127.0.0.1",
+        last_call_timeout=1, keep_alive_interval=5, keep_alive_max_attempt=12,
+    )
+    handler = registry.get_rendezvous_handler(params)
+    info = handler.next_rendezvous()
+    print(os.getpid(), info.rank, flush=True)
+    os._exit(0)
+    """
+)
+
+
+def _config(etcd: EtcdServer, job: str, **extra: str) -> config.Config:
+    backend = "etcd-v2" if etcd.v2 else "etcd-v3"
+    env = worker_env(etcd.endpoint, job, POD_NAME="w0", ELASTIC_RDZV_BACKEND=backend, **extra)
+    env["ELASTIC_MIN_NODES"] = env["ELASTIC_MAX_NODES"] = "1"
+    env["ELASTIC_RDZV_CONF"] = "last_call_timeout=1,keep_alive_interval=5,keep_alive_max_attempt=12"
+    return config.load(["python", "train.py"], env)
+
+
+def _agent(cfg: config.Config, run_id: str, timeout: float = 60) -> tuple[int, float]:
+    """Run one agent through a round of one; its pid and the seconds the round took."""
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", AGENT, cfg.rdzv_backend, str(cfg.endpoint), run_id, "1"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
+    return int(out.stdout.split()[0]), time.monotonic() - started
+
+
+def test_the_torch_leave_py_was_checked_against_is_the_one_pinned() -> None:
+    """leave.py reads torch internals (dynamic_rendezvous). Bumping torch in
+    requirements/dev.txt fails here: re-read leave.py against the new torch, run this file,
+    then update the version below."""
+    pinned = re.search(r"^torch==(\S+)$", (ROOT / "requirements" / "dev.txt").read_text(), re.M)
+    assert pinned is not None
+    assert torch.__version__.split("+")[0] == pinned[1] == "2.13.0", (
+        f"torch {torch.__version__}: check images/worker/src/elastic_worker/leave.py against "
+        "its dynamic_rendezvous.py"
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_gone_agent_leaves_and_the_next_round_forms_without_waiting_for_its_keep_alive(
+    etcd_factory: Callable[..., EtcdServer], backend: str
+) -> None:
+    cfg = _config(backend_etcd(etcd_factory, backend), "gone")
+    gone, _ = _agent(cfg, "gone")
+    # The round of one is complete and holds the gone agent's node (a 60 s keep-alive):
+    # a newcomer could only wait. Taking it out moves the rendezvous to the next round.
+    assert leave.leave(cfg, "gone", "127.0.0.1", gone) is True
+    assert leave.leave(cfg, "gone", "127.0.0.1", gone) is False  # not there any more
+    _, took = _agent(cfg, "gone", timeout=40)
+    assert took < 30, f"the next round took {took:.1f} s: the gone node was still in it"
+    assert not epoch.rendezvous_closed(cfg, "gone")
+
+
+def test_another_node_is_left_alone(etcd_factory: Callable[..., EtcdServer]) -> None:
+    """Only torchrun's own node (its address and pid) is taken out."""
+    cfg = _config(backend_etcd(etcd_factory, "etcd-v2"), "other")
+    member, _ = _agent(cfg, "other")
+    assert leave.leave(cfg, "other", "127.0.0.1", member + 100_000) is False
+    assert leave.leave(cfg, "other", "10.0.0.9", member) is False
+    assert leave.leave(cfg, "other", "127.0.0.1", member) is True
+
+
+def test_a_node_seen_dead_stays_when_it_beat_after_and_goes_otherwise(
+    etcd_factory: Callable[..., EtcdServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """lifeline.py's removal of another pod's node: a heartbeat newer than the moment its
+    lifeline closed means a new torchrun with the same address and pid; it stays."""
+    cfg = _config(backend_etcd(etcd_factory, "etcd-v3"), "dead")
+    before = time.time()
+    member, _ = _agent(cfg, "dead")
+    made = lambda: epoch.handler(cfg, "dead")  # noqa: E731
+    with caplog.at_level(logging.INFO, logger="elastic_worker"):
+        assert leave.leave_with(made, "dead", "127.0.0.1", member, dead_since=before) is False
+        assert f"kept 127.0.0.1:{member} in rendezvous dead" in caplog.text
+        assert leave.participants(made()) == [("127.0.0.1", member)]
+        assert leave.leave_with(made, "dead", "127.0.0.1", member, dead_since=time.time())
+    assert f"took 127.0.0.1:{member} out of rendezvous dead (participants" in caplog.text
+    assert leave.participants(made()) == []
+
+
+def test_of_two_survivors_taking_out_one_dead_node_only_one_reports_it(
+    etcd_factory: Callable[..., EtcdServer],
+) -> None:
+    """Both survivors see the lifeline close and both try; the compare-and-swap lets one
+    write it, and the other, finding the node gone, says nothing was removed."""
+    cfg = _config(backend_etcd(etcd_factory, "etcd-v2"), "twice")
+    member, _ = _agent(cfg, "twice")
+    since = time.time()
+    results: list[bool] = []
+    gate = threading.Barrier(2)
+
+    def survivor() -> None:
+        handler = epoch.handler(cfg, "twice")
+        handler._state_holder.sync()  # type: ignore[attr-defined]  # both hold the same state
+        gate.wait()
+        results.append(
+            leave.leave_with(lambda: handler, "twice", "127.0.0.1", member, dead_since=since)
+        )
+
+    threads = [threading.Thread(target=survivor) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(results) == [False, True]
+
+
+# A peer's elastic-worker: its lifeline greets with its torchrun's pid (argv 3).
+PEER = textwrap.dedent(
+    """
+    import sys, time
+    from elastic_worker.recovery.lifelines.client import Server
+    Server(sys.argv[1], int(sys.argv[2]), lambda: int(sys.argv[3])).start()
+    print("ready", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_the_lifelines_read_the_round_when_an_attempt_starts_and_take_a_dead_node_out(
+    etcd_factory: Callable[..., EtcdServer], tmp_path: Path
+) -> None:
+    """lifeline.watch as elastic-worker runs it, on a real round: nothing is read before
+    the attempt log gets a line; then the node of a peer whose elastic-worker dies is taken
+    out (a 60 s keep-alive would keep it) and reported (main.py's PeerGone Event)."""
+    port = free_port()
+    cfg = _config(backend_etcd(etcd_factory, "etcd-v3"), "lines", ELASTIC_LIFELINE_PORT=str(port))
+    member, _ = _agent(cfg, "lines")  # its node, 127.0.0.1, stays in the complete round
+    peer = subprocess.Popen(
+        [sys.executable, "-c", PEER, "127.0.0.1", str(port), str(member)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert peer.stdout is not None and peer.stdout.readline() == "ready\n"
+    log = tmp_path / "attempts"
+    reported: list[lifeline.Node] = []
+    # This pod: another address, its own torchrun (pid 1 here).
+    watcher = lifeline.watch(cfg, "lines", "127.0.0.5", lambda: 1, log, on_removed=reported.append)
+    try:
+        time.sleep(0.7)
+        assert watcher._lines == {}  # no attempt yet: the round is not read
+        log.write_text("[elastic-worker] attempt run_id=lines restart=0 group_rank=0 nodes=2\n")
+        wait_until("the lifeline held", lambda: ("127.0.0.1", member) in watcher._lines, 20)
+        peer.kill()
+        wait_until("the node taken out", lambda: reported == [("127.0.0.1", member)], 10)
+        assert leave.participants(epoch.handler(cfg, "lines")) == []
+    finally:
+        peer.kill()
+        peer.wait()
+        watcher.stop()
+
+
+def test_the_lifelines_helper_forked_from_the_warm_server_reads_the_round_and_takes_a_node_out(
+    etcd_factory: Callable[..., EtcdServer],
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """lifeline.py's torch work in one helper forked from the warm server (torch imported
+    there) for the whole torchrun, so that elastic-worker never imports torch for its
+    lifelines: the same answers as in-process, with the settings from the entrypoint's
+    environment; one process for every request; a helper that died is started again."""
+    cfg = _config(backend_etcd(etcd_factory, "etcd-v3"), "warm")
+    member, _ = _agent(cfg, "warm")
+    env = worker_env(str(cfg.endpoint), "warm", POD_NAME="w0")
+    env.update(ELASTIC_RDZV_BACKEND="etcd-v3", ELASTIC_MIN_NODES="1", ELASTIC_MAX_NODES="1")
+    env["ELASTIC_RDZV_CONF"] = "last_call_timeout=1,keep_alive_interval=5,keep_alive_max_attempt=12"
+    env["PYTHONPATH"] = str(ROOT / "images" / "worker" / "src")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)  # the client passes its environment to the child
+    # Its own handler: caplog listens at the root, where an earlier test's
+    # main.setup_logging() (propagate off) may keep the record from arriving.
+    said: list[logging.LogRecord] = []
+    listener = logging.Handler(logging.WARNING)
+    listener.emit = said.append  # type: ignore[method-assign]
+    logging.getLogger("elastic_worker.recovery.lifelines.client").addHandler(listener)
+    server = warm.start(sys.executable, ["torch"], env)
+    helper = lifeline._Helper(server.socket_path, "warm")
+    try:
+        first = helper._proc
+        assert helper.participants() == [("127.0.0.1", member)]
+        assert helper.remove(("127.0.0.1", member), time.time()) is True
+        assert helper.leave(("127.0.0.1", member)) is False  # gone already (a SIGTERM's leave)
+        assert helper.participants() == []
+        assert helper._proc is first  # one helper for every request
+        assert first is not None
+        first.kill()
+        first.wait(5)
+        assert helper.participants() == []  # a helper that died: the next request starts one
+        assert helper._proc is not first
+        helper._proc.kill()
+        helper._proc.wait(5)
+        monkeypatch.delenv("ELASTIC_JOB_ID")  # a helper that cannot start: said once
+        for _ in range(2):
+            with pytest.raises(lifeline.HelperError):
+                helper.participants()
+    finally:
+        logging.getLogger("elastic_worker.recovery.lifelines.client").removeHandler(listener)
+        helper.close()
+        server.stop()
+    err = capfd.readouterr().err
+    assert "starting cold" not in err  # the server's children did it
+    assert err.count("the lifelines' helper: ELASTIC_JOB_ID is not set") == 2, err
+    ended = [r for r in said if "the helper that reads the round ended" in r.getMessage()]
+    assert len(ended) == 1, [r.getMessage() for r in said]
+
+
+def test_without_the_internals_it_says_so_and_the_keep_alive_remains(
+    etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another torch in the user's base image: one line, no exception, no leave."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous  # noqa: PLC0415
+
+    cfg = _config(etcd, "other-torch")
+    older = {
+        k: v for k, v in vars(dynamic_rendezvous).items() if k != "_DistributedRendezvousOpExecutor"
+    }
+    monkeypatch.setattr(leave, "_import_dynamic_rendezvous", lambda: SimpleNamespace(**older))
+    with caplog.at_level(logging.INFO, logger="elastic_worker"):
+        assert leave.leave(cfg, "other-torch", "127.0.0.1", 1) is False
+    assert "cannot leave rendezvous other-torch at once with this torch" in caplog.text
+
+
+def test_an_unreachable_etcd_costs_only_the_speed_up(caplog: pytest.LogCaptureFixture) -> None:
+    env = worker_env("127.0.0.1:9", "away", POD_NAME="w0")
+    cfg = config.load(["python", "train.py"], env)
+    with caplog.at_level(logging.INFO, logger="elastic_worker"):
+        assert leave.leave(cfg, "away", "127.0.0.1", 1) is False
+    assert "could not leave rendezvous away at once" in caplog.text

@@ -1,0 +1,1 @@
+"""Tests of elastic_worker.warm, mirroring its layout."""
