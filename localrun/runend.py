@@ -12,7 +12,7 @@ import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from elastic_worker import completion
+from elastic_worker import scaledown
 from elastic_worker.settings.config import KubeApi
 
 from localrun import chart
@@ -101,11 +101,11 @@ class Ending(RunnerBase):
         return end.code
 
     def _scale_via_api(self, ns: str, name: str, replicas: int) -> bool:
-        """As `kubectl scale` would, with the worker's own request (elastic_worker.completion)."""
+        """As `kubectl scale` would, with the worker's own request (elastic_worker.scaledown)."""
         assert self.api is not None
         api = KubeApi(base_url=self.api.url, token=self.api.token, ca_file=str(self.api.ca_path))
         try:
-            completion.set_replicas(api, ns, name, replicas, timeout=10)
+            scaledown.set_replicas(api, ns, name, replicas, timeout=10)
         except (OSError, urllib.error.URLError, ValueError) as exc:
             self.event(f"scale through the API failed ({exc}); scaling directly")
             return False

@@ -17,7 +17,8 @@ from chart_render import (
     one,
     worker_statefulsets,
 )
-from elastic_worker import completion
+from elastic_worker import scaledown
+from elastic_worker.settings.config import KubeApi
 from rbac import Request, allows
 
 MULTI = ELASTIC_JOB / "ci" / "multigroup-values.yaml"
@@ -77,8 +78,8 @@ def _worker_scale_down_requests(names: tuple[str, ...]) -> list[Request]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        api = completion.KubeApi(f"http://127.0.0.1:{server.server_port}", "token", None)
-        assert completion.scale_to_zero(api, NAMESPACE, names) == len(names)
+        api = KubeApi(f"http://127.0.0.1:{server.server_port}", "token", None)
+        assert scaledown.scale_to_zero(api, NAMESPACE, names) == len(names)
     finally:
         server.shutdown()
         server.server_close()

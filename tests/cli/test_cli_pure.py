@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 from elastic_job_cli import jobstate, pricing, promtext, timeline
-from elastic_worker.observe.metrics import Attempt, Identity, JobMetrics, Tracker
+from elastic_worker.launch.attempt_line import AttemptLine as Attempt
+from elastic_worker.observe.metrics import Identity, JobMetrics, Tracker
 from prometheus_client import generate_latest
 
 from localrun.cluster.nodes import load_nodes

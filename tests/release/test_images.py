@@ -119,8 +119,12 @@ def test_the_workers_pins_are_its_packages_dependencies() -> None:
     deps = tomllib.loads((ROOT / "images/worker/pyproject.toml").read_text())["project"][
         "dependencies"
     ]
+    built = {"torch-etcd-v3"}  # the project's own package, built beside the worker's wheel
     for dep in deps:
         name, pin = dep.split("==")
+        if name in built:
+            assert "./torch-etcd-v3" in text, dep
+            continue
         assert args.get(name.upper().replace("-", "_")) == pin, (dep, args)
     v3 = tomllib.loads((ROOT / "packages/torch-etcd-v3/pyproject.toml").read_text())
     assert v3["project"]["dependencies"] == []  # nothing more to pin for it

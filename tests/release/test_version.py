@@ -27,6 +27,13 @@ def _pyproject(rel: str) -> str:
     return str(tomllib.loads((ROOT / rel).read_text())["project"]["version"])
 
 
+def _pin(rel: str, name: str) -> str:
+    """The version a package pins one of the project's own packages at."""
+    deps = tomllib.loads((ROOT / rel).read_text())["project"]["dependencies"]
+    (pin,) = [d.split("==")[1] for d in deps if d.split("==")[0] == name]
+    return str(pin)
+
+
 def _dunder_version(rel: str) -> str:
     tree = ast.parse((ROOT / rel).read_text())
     for node in tree.body:
@@ -85,6 +92,12 @@ PLACES: dict[str, Callable[[], str]] = {
     ),
     "images/init-topology/src/init_topology/__init__.py __version__": lambda: _dunder_version(
         "images/init-topology/src/init_topology/__init__.py"
+    ),
+    "pyproject.toml dependencies elastic-worker==": lambda: _pin(
+        "pyproject.toml", "elastic-worker"
+    ),
+    "images/worker/pyproject.toml dependencies torch-etcd-v3==": lambda: _pin(
+        "images/worker/pyproject.toml", "torch-etcd-v3"
     ),
     "CHANGELOG.md newest section": _changelog_top,
     "values-examples/argocd/application.yaml targetRevision (v<VERSION>)": lambda: str(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import sys
 import threading
@@ -13,10 +12,12 @@ from pathlib import Path
 
 import pytest
 from elastic_worker import completion
+from elastic_worker.completion import Completion
 from elastic_worker.keystore import etcdv2
 from elastic_worker.keystore import interface as kvstore
-from elastic_worker.launch import argv as launch
-from elastic_worker.recovery.lifelines import client as lifeline
+from elastic_worker.launch.supervisor import Supervisor
+from elastic_worker.recovery import leave
+from elastic_worker.recovery.lifelines.messages import HelperError
 from elastic_worker.settings import config
 from testlib import EtcdServer, free_port
 
@@ -60,33 +61,6 @@ def test_mark_complete_sets_the_marker_once(etcd: EtcdServer) -> None:
     assert completion.is_complete(client, cfg)
 
 
-def test_scale_to_zero_patches_each_statefulset(tmp_path: Path) -> None:
-    with FakeApiServer(workdir=tmp_path / "api") as api:
-        api.add_statefulset("default", "run42-worker-a", replicas=3)
-        api.add_statefulset("default", "run42-worker-b", replicas=2)
-        kube = kube_api(api)
-        assert kube is not None
-        assert completion.scale_to_zero(kube, "default", ("run42-worker-a", "run42-worker-b")) == 2
-        for name in ("run42-worker-a", "run42-worker-b"):
-            assert api.statefulsets[("default", name)]["spec"]["replicas"] == 0
-        assert {r.method for r in api.requests} == {"PATCH"}
-
-
-def test_a_403_is_a_warning_not_a_failure(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="elastic_worker")
-    with FakeApiServer(workdir=tmp_path / "api") as api:
-        api.add_statefulset("default", "run42-worker-a", replicas=3)
-        api.set_fault(r"/scale$", 403)
-        kube = kube_api(api)
-        assert kube is not None
-        assert completion.scale_to_zero(kube, "default", ("run42-worker-a",)) == 0
-        assert api.statefulsets[("default", "run42-worker-a")]["spec"]["replicas"] == 3
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any(
-        "not allowed to scale statefulset default/run42-worker-a (403)" in w for w in warnings
-    )
-
-
 def test_no_service_account_means_no_api() -> None:
     env = {**BASE, "KUBERNETES_SERVICE_HOST": "10.0.0.1", "ELASTIC_SERVICEACCOUNT_DIR": "/none"}
     assert config.load(["train.py"], env).kube_api is None
@@ -100,8 +74,8 @@ def test_a_waiting_node_exits_0_soon_after_the_job_completes(etcd: EtcdServer) -
     """What a spare does: its torchrun waits; the marker appears; it is stopped, exit 0."""
     cfg = make_config(etcd, "spare")
     client = etcdv2.Client(etcd.url)
-    sup = launch.Supervisor(
-        sleeper(120), {}, cfg, client, completion_poll=0.2, completion_grace=1.0
+    sup = Supervisor(
+        sleeper(120), {}, cfg, Completion(client, cfg), completion_poll=0.2, completion_grace=1.0
     )
     threading.Timer(1.0, completion.mark_complete, (client, make_config(etcd, "spare"))).start()
     start = time.monotonic()
@@ -113,8 +87,8 @@ def test_a_waiting_node_exits_0_soon_after_the_job_completes(etcd: EtcdServer) -
 def test_a_failed_torchrun_exits_0_when_the_job_completed_meanwhile(etcd: EtcdServer) -> None:
     cfg = make_config(etcd, "late-failure")
     client = etcdv2.Client(etcd.url)
-    sup = launch.Supervisor(
-        [sys.executable, "-c", "raise SystemExit(3)"], {}, cfg, client, completion_wait=10
+    sup = Supervisor(
+        [sys.executable, "-c", "raise SystemExit(3)"], {}, cfg, Completion(client, cfg, 10)
     )
     threading.Timer(1.0, completion.mark_complete, (client, cfg)).start()
     assert sup.run() == 0
@@ -123,8 +97,8 @@ def test_a_failed_torchrun_exits_0_when_the_job_completed_meanwhile(etcd: EtcdSe
 def test_a_failed_torchrun_keeps_its_code_when_the_job_is_not_complete(etcd: EtcdServer) -> None:
     cfg = make_config(etcd, "failure")
     client = etcdv2.Client(etcd.url)
-    sup = launch.Supervisor(
-        [sys.executable, "-c", "raise SystemExit(3)"], {}, cfg, client, completion_wait=1
+    sup = Supervisor(
+        [sys.executable, "-c", "raise SystemExit(3)"], {}, cfg, Completion(client, cfg, 1)
     )
     assert sup.run() == 3
     assert not completion.is_complete(client, cfg)
@@ -142,7 +116,7 @@ def test_success_marks_complete_and_scales_down(etcd: EtcdServer, tmp_path: Path
             **api.env(),
         )
         client = etcdv2.Client(etcd.url)
-        sup = launch.Supervisor([sys.executable, "-c", "pass"], {}, cfg, client)
+        sup = Supervisor([sys.executable, "-c", "pass"], {}, cfg, Completion(client, cfg))
         assert sup.run() == 0
         assert completion.is_complete(client, cfg)
         assert api.statefulsets[("default", "run42-worker")]["spec"]["replicas"] == 0
@@ -172,7 +146,8 @@ def test_success_scales_what_the_statefulsets_file_says_at_the_end(
             **api.env(),
         )
         listing(tmp_path, "run42-worker", "run42-worker-added")
-        sup = launch.Supervisor([sys.executable, "-c", "pass"], {}, cfg, etcdv2.Client(etcd.url))
+        client = etcdv2.Client(etcd.url)
+        sup = Supervisor([sys.executable, "-c", "pass"], {}, cfg, Completion(client, cfg))
         assert sup.run() == 0
         for name in ("run42-worker", "run42-worker-added"):
             assert api.statefulsets[("default", name)]["spec"]["replicas"] == 0, name
@@ -193,7 +168,7 @@ def test_success_scales_the_workers_then_the_rendezvous(etcd: EtcdServer, tmp_pa
             **api.env(),
         )
         client = etcdv2.Client(etcd.url)
-        sup = launch.Supervisor([sys.executable, "-c", "pass"], {}, cfg, client)
+        sup = Supervisor([sys.executable, "-c", "pass"], {}, cfg, Completion(client, cfg))
         assert sup.run() == 0
         patched = [r.path.rsplit("/", 2)[-2] for r in api.requests if r.method == "PATCH"]
         assert patched == ["run42-worker", "run42-etcd"]
@@ -261,7 +236,7 @@ def test_success_after_another_pod_scaled_etcd_away_exits_0_at_once(tmp_path: Pa
         }
         cfg = config.load(["train.py"], env)
         client = etcdv2.Client(cfg.rdzv_url)
-        sup = launch.Supervisor([sys.executable, "-c", "pass"], {}, cfg, client)
+        sup = Supervisor([sys.executable, "-c", "pass"], {}, cfg, Completion(client, cfg))
         start = time.monotonic()
         assert sup.run() == 0
         assert time.monotonic() - start < 10
@@ -300,13 +275,13 @@ def test_a_sigterm_takes_the_node_out_at_once_through_the_helper_else_here(
     cfg = make_config(etcd, "leave-at-signal")
     client = etcdv2.Client(etcd.url)
     here: list[int] = []
-    monkeypatch.setattr(launch.leave, "leave", lambda _cfg, _id, _addr, pid: here.append(pid))
+    monkeypatch.setattr(leave, "leave", lambda _cfg, _id, _addr, pid: here.append(pid))
 
-    def run(via: Callable[[int], bool]) -> tuple[launch.Supervisor, float]:
-        sup = launch.Supervisor(
-            sleeper(3), {}, cfg, client, rendezvous=("leave-at-signal", "127.0.0.1")
-        )
-        sup.leave_via = via
+    def run(via: Callable[[int], bool]) -> tuple[Supervisor, float]:
+        done = Completion(client, cfg)
+        leaving = leave.Leaving(cfg, "leave-at-signal", "127.0.0.1", done)
+        sup = Supervisor(sleeper(3), {}, cfg, done, leaving=leaving)
+        leaving.via = via
         threading.Timer(0.5, sup.forward, (signal.SIGTERM,)).start()
         start = time.monotonic()
         sup.run()
@@ -321,7 +296,7 @@ def test_a_sigterm_takes_the_node_out_at_once_through_the_helper_else_here(
     assert here == []
 
     def broken(pid: int) -> bool:
-        raise lifeline.HelperError("the lifelines' helper did not answer")
+        raise HelperError("the lifelines' helper did not answer")
 
     sup, _ = run(broken)
     assert sup.proc is not None and here == [sup.proc.pid] * 2

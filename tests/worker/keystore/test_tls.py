@@ -23,7 +23,7 @@ from charts.chart_render import (
 )
 from charts.chart_render import worker_statefulsets as rendered_worker_statefulsets
 from elastic_worker import completion
-from elastic_worker.gate import wait as gate
+from elastic_worker.gate import members, probes
 from elastic_worker.keystore import etcdv2
 from elastic_worker.recovery import epochs as epoch
 from elastic_worker.settings import config
@@ -131,14 +131,14 @@ def test_the_workers_keys_work_over_tls_with_the_charts_settings(
     assert cfg.tls is not None and (cfg.tls.cert is not None) is mutual
     client = etcdv2.connect(cfg)
 
-    assert gate.etcd_api_probe(client, cfg)() == (True, "")
+    assert probes.etcd_api_probe(client, cfg)() == (True, "")
     assert not completion.is_complete(client, cfg)
     completion.mark_complete(client, cfg)
     assert completion.is_complete(client, cfg)
     assert epoch.current(client, cfg) == 0
     assert epoch.advance(client, cfg, 0) == 1
     assert epoch.current(client, cfg) == 1
-    registration = gate.Registration(client, cfg, "127.0.0.1")
+    registration = members.Registration(client, cfg, "127.0.0.1")
     assert registration.probe() == (True, "")
     registration.stop()
     assert client.list_dir(f"{cfg.key_prefix}/members") == []
@@ -265,13 +265,13 @@ def test_the_alerts_of_newer_etcd_builds_name_their_cause(pki: Pki) -> None:
     """etcd built with Go 1.20 or later sends unknown_ca and certificate_expired for those
     causes (bad_certificate for the rest): the line says which, whatever the usages."""
     cert = Path(pki.path("server-usage-client.crt"))
-    assert "not signed by a CA etcd trusts" in gate.client_cert_fault(
+    assert "not signed by a CA etcd trusts" in probes.client_cert_fault(
         "the server sent TLSV1_ALERT_UNKNOWN_CA", cert
     )
-    assert "has expired" in gate.client_cert_fault(
+    assert "has expired" in probes.client_cert_fault(
         "the server sent SSLV3_ALERT_CERTIFICATE_EXPIRED", cert
     )
-    generic = gate.client_cert_fault("the server sent SSLV3_ALERT_BAD_CERTIFICATE", Path("/none"))
+    generic = probes.client_cert_fault("the server sent SSLV3_ALERT_BAD_CERTIFICATE", Path("/none"))
     assert "allow client authentication" in generic
 
 

@@ -6,6 +6,7 @@ import pytest
 from elastic_worker import exits
 from elastic_worker.gate.netif import Choice
 from elastic_worker.launch import argv as launch
+from elastic_worker.launch.attempt_line import attempt_script
 from elastic_worker.settings import config
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 from torch.distributed.launcher.api import LaunchConfig
@@ -51,7 +52,7 @@ def test_build_argv_is_the_full_torchrun_command() -> None:
         "--no-python",
         "sh",
         "-c",
-        launch.attempt_script(None),
+        attempt_script(None),
         "elastic-worker-attempt",
         "/py",
         "-u",
@@ -82,8 +83,8 @@ def test_program_argv_is_what_torchrun_would_run(command: list[str], expected: l
 
 
 def test_the_shim_keeps_pwd_as_torchrun_passes_it() -> None:
-    assert launch.attempt_script(None).endswith('unset PWD; exec "$@"')
-    assert launch.attempt_script("/work dir").endswith("PWD='/work dir'; exec \"$@\"")
+    assert attempt_script(None).endswith('unset PWD; exec "$@"')
+    assert attempt_script("/work dir").endswith("PWD='/work dir'; exec \"$@\"")
 
 
 @pytest.mark.parametrize(("grace", "timeout"), [(1, 1), (5, 3), (30, 25), (60, 50), (600, 590)])

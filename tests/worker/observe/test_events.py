@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from elastic_worker.launch.attempt_line import AttemptLine as Attempt
 from elastic_worker.observe import events
-from elastic_worker.observe.metrics import Attempt, Identity, JobMetrics, Tracker
+from elastic_worker.observe.metrics import Identity, JobMetrics, Tracker
 from elastic_worker.settings import config
 
 from localrun.cluster.apiserver import FakeApiServer

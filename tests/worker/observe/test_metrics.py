@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from elastic_worker.launch import argv as launch
-from elastic_worker.launch.attempt_line import Attempt, parse_attempt, process_alive
+from elastic_worker.launch.attempt_line import AttemptLine as Attempt
+from elastic_worker.launch.attempt_line import parse_attempt, process_alive
 from elastic_worker.observe import attempts as follow
 from elastic_worker.observe.metrics import (
     LABELS,
@@ -316,7 +317,7 @@ def test_a_log_that_cannot_be_written_changes_nothing_for_the_program(tmp_path: 
 
 def test_the_follower_sees_an_attempts_process_end_and_reads_partial_lines(tmp_path: Path) -> None:
     tracker, metrics, _ = tracked()
-    follower = follow.Follower(tracker)
+    follower = follow.AttemptFollower(tracker)
     env = follower.env()
     proc = subprocess.Popen(["sleep", "60"])
     try:

@@ -18,7 +18,7 @@ from elastic_worker.settings import config
 def run() -> None:
     main.setup_logging(debug=True)
     cfg = config.load(["train.py"])
-    watch = liveness.Watch(kvstore.connect(cfg), cfg, Path(sys.argv[1]))
+    watch = liveness.LossDetector(kvstore.connect(cfg), cfg, Path(sys.argv[1]))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     watch.start()

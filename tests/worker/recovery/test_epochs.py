@@ -10,11 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from elastic_worker import completion, exits, main
+from elastic_worker import completion, exits, pod
+from elastic_worker.completion import Completion
+from elastic_worker.gate.ready import Ready
 from elastic_worker.keystore import etcdv2
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.launch import argv as launch
+from elastic_worker.launch.supervisor import Supervisor
 from elastic_worker.recovery import epochs as epoch
+from elastic_worker.recovery import rendezvous
 from elastic_worker.settings import config
 from testlib import EtcdServer
 
@@ -60,7 +64,7 @@ def test_rendezvous_closed_is_torchs_own_answer(
     one ELASTIC_RDZV_BACKEND names): if a torch upgrade changes it, this fails instead of
     the job looping or giving up."""
     cfg = _config(backend_etcd(etcd_factory, backend), "closed")
-    assert epoch.handler(cfg, "closed").get_backend() == backend
+    assert rendezvous.handler(cfg, "closed").get_backend() == backend
     assert epoch.rendezvous_closed(cfg, "closed") is False
     _close_rendezvous(cfg, "closed")
     assert epoch.rendezvous_closed(cfg, "closed") is True
@@ -69,7 +73,7 @@ def test_rendezvous_closed_is_torchs_own_answer(
 
 def _close_rendezvous(cfg: config.Config, rdzv_id: str) -> None:
     """Close a rendezvous as torch's launch_agent does when an agent fails."""
-    epoch.handler(cfg, rdzv_id).set_closed()
+    rendezvous.handler(cfg, rdzv_id).set_closed()
 
 
 @pytest.mark.parametrize("complete", [True, False], ids=["complete", "not-complete"])
@@ -81,7 +85,7 @@ def test_sigterm_after_completion_exits_0(etcd: EtcdServer, complete: bool) -> N
     if complete:
         completion.mark_complete(client, cfg)
     argv = [sys.executable, "-c", "import time; time.sleep(60)"]
-    supervisor = launch.Supervisor(argv, {}, cfg, client, completion_poll=60)
+    supervisor = Supervisor(argv, {}, cfg, Completion(client, cfg), completion_poll=60)
     timer = threading.Timer(1.0, supervisor.forward, args=(15,))
     timer.start()
     try:
@@ -130,18 +134,18 @@ def test_a_sigterm_just_before_torchrun_starts_starts_no_torchrun(
     pass it on (seen in the e2e: a pod recreated at the job's end ran on unsignalled until
     its grace period ended in SIGKILL). It must end the pod, not start torchrun."""
     cfg = _config(etcd, "late-term")
-    relay = main._Relay(threading.Event())
+    relay = pod.Relay(threading.Event())
     real_build_argv = launch.build_argv
 
     def signal_arrives(*args: object, **kwargs: object) -> list[str]:
         relay(signal.SIGTERM, None)  # the handler, run between the check and the Supervisor
         return real_build_argv(*args, **kwargs)  # type: ignore[arg-type]
 
-    def must_not_run(self: launch.Supervisor) -> int:
+    def must_not_run(self: Supervisor) -> int:
         raise AssertionError("torchrun started after the pod was told to stop")
 
     monkeypatch.setattr(launch, "build_argv", signal_arrives)
-    monkeypatch.setattr(launch.Supervisor, "run", must_not_run)
-    ready = main._Ready(None, "127.0.0.1", None)
-    code = main._epochs(cfg, kvstore.connect(cfg), ready, relay, env={}, tracker=None)
+    monkeypatch.setattr(Supervisor, "run", must_not_run)
+    ready = Ready(None, "127.0.0.1", None)
+    code = pod.Epochs(cfg, Completion(kvstore.connect(cfg), cfg), ready, relay, env={}).run()
     assert code == exits.signalled(signal.SIGTERM)

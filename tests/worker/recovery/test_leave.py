@@ -18,9 +18,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from elastic_worker import torchcompat
 from elastic_worker.recovery import epochs as epoch
-from elastic_worker.recovery import leave
+from elastic_worker.recovery import leave, rendezvous
 from elastic_worker.recovery.lifelines import client as lifeline
+from elastic_worker.recovery.lifelines import helper
 from elastic_worker.settings import config
 from elastic_worker.warm import server as warm
 from testlib import EtcdServer, free_port
@@ -75,7 +77,7 @@ def test_the_torch_leave_py_was_checked_against_is_the_one_pinned() -> None:
     pinned = re.search(r"^torch==(\S+)$", (ROOT / "requirements" / "dev.txt").read_text(), re.M)
     assert pinned is not None
     assert torch.__version__.split("+")[0] == pinned[1] == "2.13.0", (
-        f"torch {torch.__version__}: check images/worker/src/elastic_worker/leave.py against "
+        f"torch {torch.__version__}: check images/worker/src/elastic_worker/torchcompat.py against "
         "its dynamic_rendezvous.py"
     )
 
@@ -112,7 +114,7 @@ def test_a_node_seen_dead_stays_when_it_beat_after_and_goes_otherwise(
     cfg = _config(backend_etcd(etcd_factory, "etcd-v3"), "dead")
     before = time.time()
     member, _ = _agent(cfg, "dead")
-    made = lambda: epoch.handler(cfg, "dead")  # noqa: E731
+    made = lambda: rendezvous.handler(cfg, "dead")  # noqa: E731
     with caplog.at_level(logging.INFO, logger="elastic_worker"):
         assert leave.leave_with(made, "dead", "127.0.0.1", member, dead_since=before) is False
         assert f"kept 127.0.0.1:{member} in rendezvous dead" in caplog.text
@@ -134,7 +136,7 @@ def test_of_two_survivors_taking_out_one_dead_node_only_one_reports_it(
     gate = threading.Barrier(2)
 
     def survivor() -> None:
-        handler = epoch.handler(cfg, "twice")
+        handler = rendezvous.handler(cfg, "twice")
         handler._state_holder.sync()  # type: ignore[attr-defined]  # both hold the same state
         gate.wait()
         results.append(
@@ -153,8 +155,8 @@ def test_of_two_survivors_taking_out_one_dead_node_only_one_reports_it(
 PEER = textwrap.dedent(
     """
     import sys, time
-    from elastic_worker.recovery.lifelines.client import Server
-    Server(sys.argv[1], int(sys.argv[2]), lambda: int(sys.argv[3])).start()
+    from elastic_worker.recovery.lifelines.server import LifelineServer
+    LifelineServer(sys.argv[1], int(sys.argv[2]), lambda: int(sys.argv[3])).start()
     print("ready", flush=True)
     time.sleep(600)
     """
@@ -177,7 +179,7 @@ def test_the_lifelines_read_the_round_when_an_attempt_starts_and_take_a_dead_nod
     )
     assert peer.stdout is not None and peer.stdout.readline() == "ready\n"
     log = tmp_path / "attempts"
-    reported: list[lifeline.Node] = []
+    reported: list[torchcompat.RdzvNode] = []
     # This pod: another address, its own torchrun (pid 1 here).
     watcher = lifeline.watch(cfg, "lines", "127.0.0.5", lambda: 1, log, on_removed=reported.append)
     try:
@@ -187,7 +189,7 @@ def test_the_lifelines_read_the_round_when_an_attempt_starts_and_take_a_dead_nod
         wait_until("the lifeline held", lambda: ("127.0.0.1", member) in watcher._lines, 20)
         peer.kill()
         wait_until("the node taken out", lambda: reported == [("127.0.0.1", member)], 10)
-        assert leave.participants(epoch.handler(cfg, "lines")) == []
+        assert leave.participants(rendezvous.handler(cfg, "lines")) == []
     finally:
         peer.kill()
         peer.wait()
@@ -216,30 +218,30 @@ def test_the_lifelines_helper_forked_from_the_warm_server_reads_the_round_and_ta
     said: list[logging.LogRecord] = []
     listener = logging.Handler(logging.WARNING)
     listener.emit = said.append  # type: ignore[method-assign]
-    logging.getLogger("elastic_worker.recovery.lifelines.client").addHandler(listener)
+    logging.getLogger("elastic_worker.recovery.lifelines.helper").addHandler(listener)
     server = warm.start(sys.executable, ["torch"], env)
-    helper = lifeline._Helper(server.socket_path, "warm")
+    client = helper.HelperClient(server.socket_path, "warm")
     try:
-        first = helper._proc
-        assert helper.participants() == [("127.0.0.1", member)]
-        assert helper.remove(("127.0.0.1", member), time.time()) is True
-        assert helper.leave(("127.0.0.1", member)) is False  # gone already (a SIGTERM's leave)
-        assert helper.participants() == []
-        assert helper._proc is first  # one helper for every request
+        first = client._proc
+        assert client.participants() == [("127.0.0.1", member)]
+        assert client.remove(("127.0.0.1", member), time.time()) is True
+        assert client.leave(("127.0.0.1", member)) is False  # gone already (a SIGTERM's leave)
+        assert client.participants() == []
+        assert client._proc is first  # one helper for every request
         assert first is not None
         first.kill()
         first.wait(5)
-        assert helper.participants() == []  # a helper that died: the next request starts one
-        assert helper._proc is not first
-        helper._proc.kill()
-        helper._proc.wait(5)
+        assert client.participants() == []  # a helper that died: the next request starts one
+        assert client._proc is not first
+        client._proc.kill()
+        client._proc.wait(5)
         monkeypatch.delenv("ELASTIC_JOB_ID")  # a helper that cannot start: said once
         for _ in range(2):
-            with pytest.raises(lifeline.HelperError):
-                helper.participants()
+            with pytest.raises(helper.HelperError):
+                client.participants()
     finally:
-        logging.getLogger("elastic_worker.recovery.lifelines.client").removeHandler(listener)
-        helper.close()
+        logging.getLogger("elastic_worker.recovery.lifelines.helper").removeHandler(listener)
+        client.close()
         server.stop()
     err = capfd.readouterr().err
     assert "starting cold" not in err  # the server's children did it
@@ -258,7 +260,7 @@ def test_without_the_internals_it_says_so_and_the_keep_alive_remains(
     older = {
         k: v for k, v in vars(dynamic_rendezvous).items() if k != "_DistributedRendezvousOpExecutor"
     }
-    monkeypatch.setattr(leave, "_import_dynamic_rendezvous", lambda: SimpleNamespace(**older))
+    monkeypatch.setattr(torchcompat, "dynamic_rendezvous", lambda: SimpleNamespace(**older))
     with caplog.at_level(logging.INFO, logger="elastic_worker"):
         assert leave.leave(cfg, "other-torch", "127.0.0.1", 1) is False
     assert "cannot leave rendezvous other-torch at once with this torch" in caplog.text

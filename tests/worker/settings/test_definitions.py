@@ -67,12 +67,12 @@ def _environ_reads() -> Iterator[tuple[str, int]]:
 
 
 def test_only_config_reads_settings_from_os_environ() -> None:
-    """main.py passes os.environ on as torchrun's environment; the warm start carries a
-    training process's environment whole (warmstart.py sends it, warm.py installs it) and
-    reads no setting from it; nothing else touches it."""
-    carriers = ["warm/client.py", "warm/server.py"]
+    """pod.py passes os.environ on as torchrun's environment; the warm start carries a
+    training process's environment whole (warm/client.py sends it, warm/child.py installs
+    it) and reads no setting from it; nothing else touches it."""
+    carriers = ["warm/child.py", "warm/client.py"]
     assert sorted({name for name, _ in _environ_reads()}) == [
-        "main.py",
+        "pod.py",
         "settings/config.py",
         *carriers,
     ]
@@ -80,10 +80,10 @@ def test_only_config_reads_settings_from_os_environ() -> None:
         tree = ast.parse((SRC / name).read_text())
         strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
         assert not set(BY_NAME) & strings, name
-    main_uses = [line for name, line in _environ_reads() if name == "main.py"]
-    assert len(main_uses) == 1
-    line = (SRC / "main.py").read_text().splitlines()[main_uses[0] - 1]
-    assert "launch.build_env(" in line
+    pod_uses = [line for name, line in _environ_reads() if name == "pod.py"]
+    assert len(pod_uses) == 1
+    line = (SRC / "pod.py").read_text().splitlines()[pod_uses[0] - 1]
+    assert "argv.build_env(" in line
 
 
 def test_the_contracts_table_is_generated_from_the_definition() -> None:

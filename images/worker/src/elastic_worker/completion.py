@@ -1,4 +1,20 @@
-"""The job's completion marker, /elastic-job/<job>/complete, and the optional scale-down."""
+"""Whether the job is complete: every decision about it, in one place.
+
+The fact is the marker /elastic-job/<job>/complete in etcd, set once by the first pod whose
+torchrun exited 0 (docs/contracts.md). A finished job scales its StatefulSets to 0, the
+bundled etcd last, so when etcd cannot answer, the etcd StatefulSet at 0 replicas is the
+same fact (scaledown.py reads it). A pod asks at each point of its life where the answer
+changes what it does; `Completion` holds one method per point:
+
+    in the gate, while etcd does not answer   during_gate      -> exit 0 without joining
+    after the gate                             before_join      -> exit 0 without joining
+    while torchrun runs (a spare, a straggler) while_running    -> stop torchrun, exit 0
+    torchrun exited 0                          after_success    -> mark, scale down, exit 0
+    torchrun failed                            after_failure    -> exit 0 if complete
+    stopped by a signal                        after_signal     -> exit 0 if complete
+    before leaving the round at a signal       before_leave     -> do not leave
+    before stopping an attempt (loss detection) before_stop     -> do not stop
+"""
 
 from __future__ import annotations
 
@@ -7,13 +23,21 @@ import logging
 import time
 import urllib.error
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from elastic_worker import scaledown
 from elastic_worker.keystore import interface as kvstore
-from elastic_worker.observe import kubeapi
-from elastic_worker.settings.config import Config, ConfigError, KubeApi, read_statefulsets
+from elastic_worker.settings.config import Config
 
 logger = logging.getLogger(__name__)
+
+WHILE_RUNNING_WAIT = 15.0  # after a failed torchrun: how long to wait for the marker
+# After a SIGTERM: how long to keep asking etcd, then the API, whether the job completed
+# (at the end both may be going away at once; well inside the pod's grace period).
+STOPPED_ASK = 10.0
+LEAVE_ASK = 2.0  # seconds for the completion read before a leave at the signal
+MARK_FOR = 30.0  # seconds to keep trying to set the marker after success
 
 
 def complete_key(config: Config) -> str:
@@ -36,7 +60,7 @@ def complete_now(client: kvstore.KeyStore, config: Config, within: float = 0.0) 
         except kvstore.EtcdError as exc:
             etcd_error: Exception = exc
         try:
-            scaled = _rendezvous_at_zero(config, timeout=5)
+            scaled = scaledown.rendezvous_at_zero(config, timeout=5)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             scaled, api_error = None, f"reading the scale of {config.rendezvous_statefulset}: {exc}"
         else:
@@ -92,91 +116,12 @@ def wait_complete(
         time.sleep(poll_every)
 
 
-def _scale_request(
-    api: KubeApi, namespace: str, name: str, body: dict[str, object] | None, timeout: float
-) -> dict[str, object]:
-    """GET (body None) or merge-PATCH a StatefulSet's scale subresource; the answer's JSON."""
-    path = f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{name}/scale"
-    if body is None:
-        return kubeapi.request(api, "GET", path, timeout=timeout)
-    return kubeapi.request(
-        api,
-        "PATCH",
-        path,
-        body,
-        content_type="application/merge-patch+json",
-        timeout=timeout,
-    )
-
-
-def set_replicas(
-    api: KubeApi, namespace: str, name: str, replicas: int, timeout: float
-) -> dict[str, object]:
-    """As `kubectl scale` does: a merge PATCH of the scale subresource; the Scale's JSON.
-
-    Raises urllib.error.HTTPError for a refusal, URLError/OSError/ValueError otherwise
-    (localrun's runner scales through this too)."""
-    return _scale_request(api, namespace, name, {"spec": {"replicas": replicas}}, timeout)
-
-
-def scale_to_zero(api: KubeApi, namespace: str, names: tuple[str, ...], timeout: float = 10) -> int:
-    """PATCH each StatefulSet's scale subresource to 0, in order; failures are warnings.
-
-    Returns how many were scaled.
-    """
-    scaled = 0
-    for name in names:
-        try:
-            set_replicas(api, namespace, name, 0, timeout)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 403:
-                logger.warning(
-                    "not allowed to scale statefulset %s/%s (403): the Role lacks "
-                    "patch on statefulsets/scale; leaving it running",
-                    namespace,
-                    name,
-                )
-            else:
-                logger.warning(
-                    "scaling statefulset %s/%s failed: HTTP %d", namespace, name, exc.code
-                )
-            continue
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            logger.warning("scaling statefulset %s/%s failed: %s", namespace, name, exc)
-            continue
-        logger.info("scaled statefulset %s/%s to 0", namespace, name)
-        scaled += 1
-    return scaled
-
-
-def scale_down_after_success(config: Config) -> None:
-    """The workers' StatefulSets, then the bundled etcd's last (so that its
-    PodDisruptionBudget stops pinning a node); only with ELASTIC_SCALE_DOWN."""
-    if not config.scale_down:
-        return
-    try:
-        workers = read_statefulsets(config.statefulsets_file)
-    except ConfigError as exc:
-        logger.warning("%s: scaling none of the workers' StatefulSets", exc)
-        workers = ()
-    names = workers + ((config.rendezvous_statefulset,) if config.rendezvous_statefulset else ())
-    if not names:
-        return
-    api = config.kube_api
-    if api is None:
-        logger.warning("ELASTIC_SCALE_DOWN is true but no in-cluster API access")
-    elif not config.pod_namespace:
-        logger.warning("ELASTIC_SCALE_DOWN is true but POD_NAMESPACE is not set")
-    else:
-        scale_to_zero(api, config.pod_namespace, names)
-
-
 def rendezvous_scaled_to_zero(config: Config, timeout: float = 5) -> bool | None:
     """Whether the bundled etcd's StatefulSet was scaled to 0, which a finished job does
     last: then the job is complete. None when the API cannot say (no access, no such
     setting, the request failed): callers that must decide take that as "not done"."""
     try:
-        return _rendezvous_at_zero(config, timeout)
+        return scaledown.rendezvous_at_zero(config, timeout)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         logger.debug(
             "reading the scale of statefulset %s failed: %s", config.rendezvous_statefulset, exc
@@ -184,12 +129,91 @@ def rendezvous_scaled_to_zero(config: Config, timeout: float = 5) -> bool | None
         return None
 
 
-def _rendezvous_at_zero(config: Config, timeout: float) -> bool | None:
-    """rendezvous_scaled_to_zero, raising what the request raised."""
-    api = config.kube_api
-    name = config.rendezvous_statefulset
-    if not (config.scale_down and api and name and config.pod_namespace):
-        return None
-    scale = _scale_request(api, config.pod_namespace, name, None, timeout)
-    spec = scale.get("spec")
-    return isinstance(spec, dict) and spec.get("replicas") == 0
+@dataclass
+class Completion:
+    """The job's completion as one pod asks it (see the table above)."""
+
+    client: kvstore.KeyStore
+    config: Config
+    #: after a failed torchrun: how long to wait for another pod's marker
+    failure_wait: float = WHILE_RUNNING_WAIT
+    #: this pod set the marker (its JobCompleted Event goes on the StatefulSet too)
+    marked: bool = False
+    asked_after_signal: bool = False
+
+    def during_gate(self) -> bool:
+        """The gate cannot reach etcd yet: done when the rendezvous was scaled to 0."""
+        return rendezvous_scaled_to_zero(self.config) is True
+
+    def before_join(self) -> bool:
+        """etcd answers: done when the marker is there (raises EtcdError)."""
+        if not is_complete(self.client, self.config):
+            return False
+        logger.info(
+            "job %s is already complete (%s): exiting 0 without joining",
+            self.config.job_id,
+            complete_key(self.config),
+        )
+        return True
+
+    def while_running(self) -> bool:
+        """Polled while torchrun runs: the job completed elsewhere (etcd errors: not yet)."""
+        try:
+            return is_complete(self.client, self.config)
+        except kvstore.EtcdError as exc:
+            logger.debug("completion check failed: %s", exc)
+            return False
+
+    def after_success(self) -> None:
+        """torchrun exited 0: set the marker (retried while etcd is away, unless the job's
+        etcd was scaled away by a pod that finished first), then scale the job down."""
+        deadline = time.monotonic() + MARK_FOR
+        while True:
+            try:
+                self.marked = mark_complete(self.client, self.config)
+                break
+            except kvstore.EtcdError as exc:
+                # Another pod may have finished first and scaled etcd to 0 already.
+                if rendezvous_scaled_to_zero(self.config):
+                    logger.info(
+                        "training succeeded; job %s is complete (its rendezvous was scaled to 0)",
+                        self.config.job_id,
+                    )
+                    return
+                if time.monotonic() >= deadline:
+                    logger.error("training succeeded but the marker could not be set: %s", exc)
+                    return
+                time.sleep(1)
+        scaledown.scale_down_after_success(self.config)
+
+    def after_failure(self, code: int, seen_complete: bool) -> int:
+        """torchrun failed with `code`: 0 when the job is complete (seen while it ran, or
+        marked by another pod within `failure_wait`), else `code`."""
+        if seen_complete or wait_complete(self.client, self.config, self.failure_wait):
+            logger.info(
+                "torchrun exited with %d but job %s is complete: exit 0", code, self.config.job_id
+            )
+            return 0
+        logger.error("torchrun exited with %d", code)
+        return code
+
+    def after_signal(self) -> bool:
+        """This pod was told to stop: the first pod to finish scales the job to 0, so
+        whatever this pod was doing (gating, training, waiting as a spare), it is done too
+        when the job is complete. Asked once per pod (`asked_after_signal`): the answer
+        decides its exit code."""
+        self.asked_after_signal = True
+        return complete_now(self.client, self.config, within=STOPPED_ASK)
+
+    def before_leave(self) -> bool:
+        """A leave at the signal is skipped at the end of the job: every pod is told to stop
+        then, nobody re-forms (one quick read; an error counts as not complete)."""
+        try:
+            return is_complete(self.client.with_timeout(LEAVE_ASK), self.config)
+        except kvstore.EtcdError:
+            return False
+
+    def before_stop(self, reader: kvstore.KeyStore) -> bool:
+        """Loss detection stops nothing once the job is complete: a member that finished
+        is not lost (asked through the detector's own client)."""
+        return complete_now(reader, self.config)

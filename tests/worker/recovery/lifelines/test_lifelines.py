@@ -1,6 +1,6 @@
 """lifeline.py: a peer's processes seen dying through the connection they held, and only
-then its node taken out of the round (the node itself is in test_worker_leave.py and
-test_worker_elastic.py)."""
+then its node taken out of the round (the node itself is in recovery/test_leave.py and
+test_pod.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,11 @@ import time
 
 import pytest
 from elastic_worker.recovery.lifelines import client as lifeline
-from elastic_worker.recovery.lifelines.client import Node, Server, Verdict, Watcher
+from elastic_worker.recovery.lifelines.client import LifelineWatcher as Watcher
+from elastic_worker.recovery.lifelines.client import Verdict
+from elastic_worker.recovery.lifelines.messages import HelperError, greeting
+from elastic_worker.recovery.lifelines.server import LifelineServer as Server
+from elastic_worker.torchcompat import RdzvNode as Node
 from testlib import free_port
 
 from worker.worker_helpers import wait_until
@@ -23,8 +27,8 @@ from worker.worker_helpers import wait_until
 PEER = textwrap.dedent(
     """
     import os, sys, time
-    from elastic_worker.recovery.lifelines.client import Server
-    Server(sys.argv[1], int(sys.argv[2]), os.getpid).start()
+    from elastic_worker.recovery.lifelines.server import LifelineServer
+    LifelineServer(sys.argv[1], int(sys.argv[2]), os.getpid).start()
     print("ready", flush=True)
     time.sleep(600)
     """
@@ -103,7 +107,7 @@ def test_a_removal_that_fails_is_said_and_the_other_lifelines_still_hold(
 
     def remove(node: Node, since: float) -> bool:
         if node[0] == "127.0.0.2":
-            raise lifeline.HelperError("the lifelines' helper did not answer")
+            raise HelperError("the lifelines' helper did not answer")
         removed.append(node)
         return True
 
@@ -139,7 +143,7 @@ def test_a_live_peer_whose_connection_dropped_stays_and_is_held_again() -> None:
         with contextlib.suppress(OSError):
             while True:
                 conn, _ = listener.accept()
-                conn.sendall(lifeline.greeting(77))
+                conn.sendall(greeting(77))
                 held.append(conn)
 
     threading.Thread(target=serve, daemon=True).start()

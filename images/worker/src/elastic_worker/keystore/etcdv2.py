@@ -23,11 +23,11 @@ from typing import Any
 from elastic_worker.keystore.interface import (
     DEFAULT_TIMEOUT,
     CompareFailed,
+    Entry,
     EtcdError,
     KeyNotFound,
     KeyStore,
     NoApi,
-    Node,
     NodeExists,
     TlsRefused,
     Unavailable,
@@ -38,10 +38,10 @@ from elastic_worker.settings.config import Config
 __all__ = [
     "Client",
     "CompareFailed",
+    "Entry",
     "EtcdError",
     "KeyNotFound",
     "NoApi",
-    "Node",
     "NodeExists",
     "TlsRefused",
     "Unavailable",
@@ -61,11 +61,11 @@ TLS_DROPS_TO_REFUSE = 3
 TLS_DROP_SECONDS = 5.0
 
 
-def _node(data: dict[str, Any]) -> Node:
-    return Node(
+def _entry(data: dict[str, Any]) -> Entry:
+    return Entry(
         key=str(data.get("key", "")),
         value=data.get("value"),
-        children=tuple(_node(child) for child in data.get("nodes", ())),
+        children=tuple(_entry(child) for child in data.get("nodes", ())),
     )
 
 
@@ -178,9 +178,9 @@ class Client:
             reason = f"{reason} (does etcd serve only HTTPS? then enable TLS)"
         return Unavailable(f"{self.base_url}: {reason}")
 
-    def get(self, key: str, *, recursive: bool = False) -> Node:
+    def get(self, key: str, *, recursive: bool = False) -> Entry:
         query = {"recursive": "true"} if recursive else None
-        return _node(self._request("GET", key, query)["node"])
+        return _entry(self._request("GET", key, query)["node"])
 
     def get_value(self, key: str) -> str | None:
         """The key's value, or None when it does not exist."""
@@ -197,7 +197,7 @@ class Client:
         ttl: int | None = None,
         prev_exist: bool | None = None,
         prev_value: str | None = None,
-    ) -> Node:
+    ) -> Entry:
         """Write a key; `prev_exist`/`prev_value` make it a compare-and-swap
         (NodeExists, KeyNotFound or CompareFailed when the comparison fails)."""
         form = {"value": value}
@@ -208,13 +208,13 @@ class Client:
             query["prevExist"] = str(prev_exist).lower()
         if prev_value is not None:
             query["prevValue"] = prev_value
-        return _node(self._request("PUT", key, query or None, form)["node"])
+        return _entry(self._request("PUT", key, query or None, form)["node"])
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(KeyNotFound):
             self._request("DELETE", key)
 
-    def list_dir(self, key: str) -> list[Node]:
+    def list_dir(self, key: str) -> list[Entry]:
         """The direct children of a directory; empty when it does not exist."""
         try:
             return list(self.get(key).children)

@@ -23,11 +23,11 @@ from torch_etcd_v3 import client as v3
 from elastic_worker.keystore.interface import (
     DEFAULT_TIMEOUT,
     CompareFailed,
+    Entry,
     EtcdError,
     KeyNotFound,
     KeyStore,
     NoApi,
-    Node,
     NodeExists,
     Unavailable,
     tls_refusal,
@@ -153,7 +153,7 @@ class Client:
             with contextlib.suppress(EtcdError):
                 self._call(lambda: self._etcd.lease_revoke(held[0]))
 
-    def list_dir(self, key: str) -> list[Node]:
+    def list_dir(self, key: str) -> list[Entry]:
         prefix = key.rstrip("/").encode() + b"/"
         body = {"key": v3.b64(prefix), "range_end": v3.b64(v3.prefix_end(prefix))}
         reply = self._call(lambda: self._etcd.post("/v3/kv/range", body))
@@ -162,7 +162,7 @@ class Client:
             name = v3.unb64(raw["key"])
             if b"/" in name[len(prefix) :]:
                 continue  # deeper than a direct child
-            nodes.append(Node(name.decode(), v3.unb64(raw.get("value", "")).decode()))
+            nodes.append(Entry(name.decode(), v3.unb64(raw.get("value", "")).decode()))
         return nodes
 
     def check_api(self) -> None:

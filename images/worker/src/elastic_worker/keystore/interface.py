@@ -56,10 +56,12 @@ class CompareFailed(EtcdError):
 
 
 @dataclass(frozen=True)
-class Node:
+class Entry:
+    """A key and its value; on etcd v2 a directory also holds its children."""
+
     key: str
     value: str | None
-    children: tuple[Node, ...] = ()
+    children: tuple[Entry, ...] = ()
 
 
 # OpenSSL's names for the alerts a server sends when it refuses the client certificate.
@@ -120,7 +122,7 @@ class KeyStore(Protocol):
         """Remove the key; a key already gone is no error."""
         ...
 
-    def list_dir(self, key: str) -> list[Node]:
+    def list_dir(self, key: str) -> list[Entry]:
         """The direct children of a directory; empty when it does not exist."""
         ...
 

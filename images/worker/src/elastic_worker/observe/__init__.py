@@ -1,1 +1,7 @@
-"""observe."""
+"""What the pod tells the world about itself.
+
+metrics.py    Prometheus metrics and the pod's state machine (Tracker)
+attempts.py   torchrun's attempts and the script's progress, followed for the metrics
+events.py     Kubernetes Events on the pod and its StatefulSet
+kubeapi.py    the few requests to the API server (standard library only)
+"""

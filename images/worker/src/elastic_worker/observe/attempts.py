@@ -28,7 +28,7 @@ INTERVAL = 0.5  # seconds between reads; a re-form takes seconds (docs/recovery.
 MEMBERS_EVERY = 10  # intervals between counts of the registered members
 
 
-class Follower:
+class AttemptFollower:
     """Reads the attempt log and progress file into `tracker` from a daemon thread."""
 
     def __init__(

@@ -29,7 +29,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import start_http_server
 
-from elastic_worker.launch.attempt_line import Attempt
+from elastic_worker.launch.attempt_line import AttemptLine
 
 LABELS = ("elastic_job", "group")
 STATES = ("gating", "waiting_rendezvous", "training", "spare", "completed", "failed")
@@ -203,7 +203,7 @@ class Tracker:
         self.max_restarts = max_restarts
         self.clock = clock
         self._lock = threading.Lock()
-        self.current: Attempt | None = None
+        self.current: AttemptLine | None = None
         self.rounds = 0
         self.ended_at: float | None = None  # this node's last training process ended
         self.reform_started: float | None = None  # awaiting the first step of a re-form
@@ -258,7 +258,7 @@ class Tracker:
             if self.state in {"waiting_rendezvous", "spare"}:
                 self._waiting()
 
-    def attempt(self, attempt: Attempt) -> None:
+    def attempt(self, attempt: AttemptLine) -> None:
         now = self.clock()
         with self._lock:
             self.current = attempt

@@ -1,1 +1,10 @@
-"""recovery."""
+"""What a re-form takes, from a failure seen to the next round.
+
+    lossdetect.py   silent-loss detection: round keys with a TTL; a lapse stops the attempt
+    leave.py        leaving the round at once: this pod at a signal, a dead peer's node
+    lifelines/      a TCP connection to every peer; a closed one takes the node out
+    epochs.py       a fresh rendezvous id when torch closed the current one early
+    rendezvous.py   torch's public rendezvous API (the handler, is_closed)
+
+torch's private internals (what leave.py and lifelines/ need) are in ../torchcompat.py.
+"""

@@ -7,19 +7,16 @@ Every later torchrun with that id fails at once with RendezvousClosedError, so w
 new id the job could never train again. The epoch lives under the project's own prefix,
 `/elastic-job/<job>/epoch`; epoch 0 is the job id itself, epoch N is `<job id>-r<N>`.
 Whether a rendezvous is closed is asked through torch's public handler API
-(`RendezvousHandler.is_closed`), never by reading torch's keys.
+(`RendezvousHandler.is_closed`, rendezvous.py), never by reading torch's keys.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from elastic_worker.keystore import interface as kvstore
+from elastic_worker.recovery import rendezvous
 from elastic_worker.settings.config import Config
-
-if TYPE_CHECKING:  # torch is imported only when a closed rendezvous must be checked
-    from torch.distributed.elastic.rendezvous import RendezvousHandler
 
 logger = logging.getLogger(__name__)
 
@@ -61,25 +58,16 @@ def advance(client: kvstore.KeyStore, config: Config, seen: int) -> int:
         return current(client, config)
 
 
-def handler(config: Config, rdzv_id: str) -> RendezvousHandler:
-    """The rendezvous handler torchrun creates for `rdzv_id` (torch's public registry)."""
-    from torch.distributed.elastic.rendezvous import RendezvousParameters  # noqa: PLC0415
-    from torch.distributed.elastic.rendezvous.registry import (  # noqa: PLC0415
-        get_rendezvous_handler,
-    )
-
-    params = RendezvousParameters(
-        backend=config.rdzv_backend,
-        endpoint=str(config.endpoint),
-        run_id=rdzv_id,
-        min_nodes=config.min_nodes,
-        max_nodes=config.max_nodes,
-        **dict(config.rdzv_conf),
-    )
-    return get_rendezvous_handler(params)
-
-
 def rendezvous_closed(config: Config, rdzv_id: str) -> bool:
-    """torch's own answer for `rdzv_id`. Raises whatever torch raises when etcd cannot
-    answer (the caller then leaves the failure to the kubelet)."""
-    return bool(handler(config, rdzv_id).is_closed())
+    """torch's own answer for `rdzv_id` (rendezvous.closed)."""
+    return rendezvous.closed(config, rdzv_id)
+
+
+def closed_early(config: Config, rdzv_id: str) -> bool:
+    """True when torch closed `rdzv_id` although the job is not complete; False when it
+    is open or etcd cannot say (the kubelet's restart and the gate take it from there)."""
+    try:
+        return rendezvous_closed(config, rdzv_id)
+    except Exception as exc:  # noqa: BLE001 - torch raises its own and etcd's errors
+        logger.info("could not ask whether rendezvous %s is closed: %s", rdzv_id, exc)
+        return False

@@ -60,7 +60,7 @@ MARKER = ".round"  # not a pod name (those are DNS labels): the round's marker k
 
 
 @dataclass(frozen=True)
-class Attempt:
+class RoundAttempt:
     """This pod's current attempt: its round and the program torchrun started."""
 
     round: str
@@ -82,7 +82,7 @@ def round_of(run_id: str, pid: int) -> str | None:
     return name.replace("/", "_")
 
 
-class Watch:
+class LossDetector:
     """Keeps this pod's key for its current round and watches the round's other members.
 
     `attempt_log` is the file the attempt shim appends to (ELASTIC_ATTEMPT_LOG)."""
@@ -105,7 +105,7 @@ class Watch:
         self.ttl, self.refresh, self.poll = ttl, refresh, poll
         self._log = Tail(attempt_log)
         self._lock = threading.Lock()
-        self._attempt: Attempt | None = None
+        self._attempt: RoundAttempt | None = None
         self._written: str | None = None  # the round whose key this pod last wrote alive
         self._marker: str | None = None  # that round's marker (_read_marker)
         self._watched: str | None = None  # the round `_seen` belongs to
@@ -143,7 +143,7 @@ class Watch:
             except Exception as exc:  # noqa: BLE001 - detection must never end the worker
                 logger.debug("round liveness: %s", exc)
 
-    def current(self) -> Attempt | None:
+    def current(self) -> RoundAttempt | None:
         """Read new attempt lines; the attempt whose program still runs, if any."""
         with self._lock:
             for line in self._log.lines():
@@ -152,7 +152,7 @@ class Watch:
                     continue
                 round_ = round_of(parsed.run_id, parsed.pid)
                 if round_ is not None:
-                    self._attempt = Attempt(round_, parsed.pid)
+                    self._attempt = RoundAttempt(round_, parsed.pid)
             if self._attempt is not None and not process_alive(self._attempt.pid):
                 self._attempt = None
             return self._attempt
@@ -193,7 +193,7 @@ class Watch:
         except kvstore.EtcdError:
             return None
 
-    def _lapsed(self, attempt: Attempt) -> None:
+    def _lapsed(self, attempt: RoundAttempt) -> None:
         """This pod's key is gone. With the round's marker as it was, it lapsed: the
         others went on without this pod, so its attempt is stopped. With the marker gone
         or another one, etcd lost its data (a new etcd pod): the key is written again."""
@@ -246,7 +246,7 @@ class Watch:
             f"{self.ttl} s (link cut, frozen or gone)",
         )
 
-    def _stop_attempt(self, attempt: Attempt, why: str) -> None:
+    def _stop_attempt(self, attempt: RoundAttempt, why: str) -> None:
         logger.warning(
             "silent loss: %s: stopping this pod's training process (pid %d) so that "
             "torchrun re-forms now (chart: rendezvous.lossDetection.enabled=false turns this off)",
@@ -266,11 +266,11 @@ class Watch:
             logger.debug("could not leave round %s: %s", written, exc)
 
 
-def start(client: kvstore.KeyStore, config: Config, env: dict[str, str]) -> Watch:
+def start(client: kvstore.KeyStore, config: Config, env: dict[str, str]) -> LossDetector:
     """Start watching the rounds of torchrun run with `env`; sets the attempt log there
     when the metrics' follower did not (both read the same file)."""
     log, own_dir = ensure_log(env, "elastic-liveness-")
-    watch = Watch(client, config, log)
-    watch.own_dir = own_dir
-    watch.start()
-    return watch
+    detector = LossDetector(client, config, log)
+    detector.own_dir = own_dir
+    detector.start()
+    return detector

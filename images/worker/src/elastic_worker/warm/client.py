@@ -1,4 +1,4 @@
-"""Start one training process from the warm server (warm.py) instead of a new interpreter.
+"""Start one training process from the warm server (server.py) instead of a new interpreter.
 
 torchrun runs `python -m elastic_worker.warm.client SOCKET -u script.py args...` (through the
 attempt shim) where it would run `python -u script.py args...`. This process hands its
@@ -10,20 +10,21 @@ its exit code or by its signal. If it is SIGKILLed, the server kills the child. 
 the server cannot be reached, or refuses, the same command runs cold, as it would have
 without warm starts.
 
-Only the standard library: this interpreter starts once per attempt and must stay cheap.
+Only the standard library (and protocol.py): this interpreter starts once per attempt and
+must stay cheap.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
-import struct
 import sys
 from collections.abc import Sequence
 from types import FrameType
+
+from elastic_worker.warm import protocol
 
 #: Signals passed on to the child. SIGKILL and SIGSTOP cannot be caught; SIGCHLD, SIGTSTP
 #: and the job-control signals are about this process itself.
@@ -37,7 +38,6 @@ FORWARDED = (
     signal.SIGALRM,
     signal.SIGABRT,
 )
-HEADER = struct.Struct("!I")
 
 
 def cold(command: Sequence[str], why: str) -> None:
@@ -45,17 +45,6 @@ def cold(command: Sequence[str], why: str) -> None:
     sys.stderr.write(f"elastic-worker warm start: {why}; starting cold\n")
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, *command])
-
-
-def _read_line(conn: socket.socket) -> dict[str, int] | None:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(4096)
-        if not chunk:
-            return None
-        data += chunk
-    reply: dict[str, int] = json.loads(data)
-    return reply
 
 
 def _end_like(status: int) -> None:
@@ -77,10 +66,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
-        body = json.dumps({"argv": command, "env": dict(os.environ), "cwd": os.getcwd()})
-        payload = body.encode()
-        socket.send_fds(conn, [HEADER.pack(len(payload)) + payload], [0, 1, 2])
-        started = _read_line(conn)
+        protocol.send_request(conn, command, dict(os.environ), os.getcwd())
+        started = protocol.read_reply(conn)
     except OSError as exc:
         conn.close()
         cold(command, f"server at {path} unavailable ({exc})")
@@ -100,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
-    ended = _read_line(conn)
+    ended = protocol.read_reply(conn)
     if ended is None or "status" not in ended:
         # The server is gone; its children die with it (PR_SET_PDEATHSIG).
         sys.stderr.write(f"elastic-worker warm start: server at {path} went away\n")

@@ -2,93 +2,43 @@
 
 After a re-form most of the wait is a new interpreter importing torch (~2 s here, more in
 CUDA images). The entrypoint starts this server once per pod, before torchrun; torchrun
-runs warmstart.py in place of `python -u`, which asks the server for a child. The child
+runs client.py in place of `python -u`, which asks the server for a child. The child
 is a fork of a process that has imported torch (and the modules in
 ELASTIC_WARM_PRELOAD) and nothing else: no CUDA context (checked before every fork), no
 user code. In the child, the client's stdin/stdout/stderr, environment, working
 directory and argv replace the server's, the script runs as `__main__` like
-`python -u`, and what import-time state would differ from a fresh interpreter is redone:
-torch's thread count from OMP_NUM_THREADS, numpy's global seed (Python's `random`
-reseeds itself after fork). Each child leads its own process group (torchrun signals
-groups), dies with the server (PR_SET_PDEATHSIG) and is SIGKILLed when its client goes.
+`python -u`, and what import-time state would differ from a fresh interpreter is redone
+(child.py): torch's thread count from OMP_NUM_THREADS, numpy's global seed (Python's
+`random` reseeds itself after fork). Each child leads its own process group (torchrun
+signals groups), dies with the server (PR_SET_PDEATHSIG) and is SIGKILLed when its client
+goes. Requests and answers: protocol.py.
 
 Run: python -m elastic_worker.warm.server SOCKET [MODULE,...]
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import json
 import logging
 import os
-import runpy
 import selectors
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+
+from elastic_worker.warm import child, protocol
 
 logger = logging.getLogger("elastic_worker.warm.server")
 
-HEADER = struct.Struct("!I")
 PR_SET_PDEATHSIG = 1
-#: A request larger than this is refused (an environment is a few kilobytes).
-MAX_REQUEST = 1 << 22
 #: How long start() waits for the server's socket (a client finding none starts cold).
 BIND_WAIT = 5.0
-
-
-def warm_command(program: Sequence[str], python: str, socket_path: str) -> list[str] | None:
-    """The client's argv standing in for `program` (launch.program_argv's output), or None
-    when it is not `PY -u script ...` / `PY -u -m module ...` run by this interpreter."""
-    if len(program) < 3 or program[0] != python or program[1] != "-u":
-        return None
-    if program[2] == "-m" and len(program) < 4:
-        return None
-    if program[2].startswith("-") and program[2] != "-m":
-        return None
-    return [python, "-m", "elastic_worker.warm.client", socket_path, *program[1:]]
-
-
-@dataclass
-class Request:
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    fds: list[int] = field(default_factory=list)
-
-
-def _recv_request(conn: socket.socket) -> Request:
-    conn.settimeout(10)
-    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
-    if len(data) < HEADER.size:
-        raise ValueError("short request")
-    (size,) = HEADER.unpack_from(data)
-    if size > MAX_REQUEST:
-        raise ValueError(f"request of {size} bytes")
-    body = data[HEADER.size :]
-    while len(body) < size:
-        chunk = conn.recv(size - len(body))
-        if not chunk:
-            raise ValueError("truncated request")
-        body += chunk
-    conn.settimeout(None)
-    fields = json.loads(body)
-    return Request(list(fields["argv"]), dict(fields["env"]), str(fields["cwd"]), list(fds))
-
-
-def _send(conn: socket.socket, **fields: int) -> None:
-    with contextlib.suppress(OSError):  # the client is gone: its EOF kills the child
-        conn.sendall(json.dumps(fields).encode() + b"\n")
 
 
 def _fork_safe() -> str | None:
@@ -99,7 +49,7 @@ def _fork_safe() -> str | None:
     return None
 
 
-class Server:
+class WarmServer:
     def __init__(self, path: str) -> None:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
@@ -159,7 +109,7 @@ class Server:
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
         try:
-            request = _recv_request(conn)
+            request = protocol.recv_request(conn)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             logger.warning("warm server: bad request: %s", exc)
             conn.close()
@@ -179,7 +129,7 @@ class Server:
         self.children[pid] = conn
         self.clients[conn] = pid
         self.selector.register(conn, selectors.EVENT_READ, "client")
-        _send(conn, pid=pid)
+        protocol.send(conn, pid=pid)
 
     def _client_event(self, conn: socket.socket) -> None:
         """The client sends nothing after its request: readable means it is gone."""
@@ -206,10 +156,10 @@ class Server:
                 continue
             if self.clients.pop(conn, None) is not None:
                 self.selector.unregister(conn)
-                _send(conn, status=status)
+                protocol.send(conn, status=status)
             conn.close()
 
-    def _become_child(self, conn: socket.socket, request: Request) -> None:
+    def _become_child(self, conn: socket.socket, request: protocol.Request) -> None:
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
@@ -229,88 +179,8 @@ class Server:
         for target, fd in enumerate(request.fds):
             os.dup2(fd, target)
             os.close(fd)
-        code = run_program(request.argv, request.env, request.cwd)
+        code = child.run_program(request.argv, request.env, request.cwd)
         sys.exit(code)
-
-
-def run_program(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
-    """`python ARGV` in this process, from its environment on: returns the exit code
-    (None and SystemExit handled as the interpreter does)."""
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
-    _after_fork(env)
-    sys.orig_argv = [sys.executable, *argv]
-    args = list(argv)
-    if args and args[0] == "-u":
-        args = args[1:]
-        _unbuffered()
-    try:
-        if args[0] == "-m":
-            sys.argv = [args[1], *args[2:]]
-            sys.path[0] = cwd
-            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = list(args)
-            sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
-            runpy.run_path(args[0], run_name="__main__")
-    except SystemExit as exc:
-        return _exit_code(exc.code)
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        sys.stderr.flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-        return 130
-    except BaseException as exc:  # noqa: BLE001 - reported as the interpreter would
-        trimmed = _user_frames(exc.__traceback__)
-        sys.excepthook(type(exc), exc.with_traceback(trimmed), trimmed)
-        return 1
-    return 0
-
-
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
-
-
-def _user_frames(tb: TracebackType | None) -> TracebackType | None:
-    """Drop this module's and runpy's frames, as `python script.py` shows none of them."""
-    skip = {__file__, runpy.__file__, "<frozen runpy>"}
-    while tb is not None and tb.tb_frame.f_code.co_filename in skip:
-        tb = tb.tb_next
-    return tb
-
-
-def _unbuffered() -> None:
-    """What `-u` does at startup: stdout and stderr written through, unbuffered."""
-    import io  # noqa: PLC0415
-
-    for name, fd in (("stdout", 1), ("stderr", 2)):
-        old = getattr(sys, name)
-        stream = io.TextIOWrapper(
-            io.FileIO(fd, "w", closefd=False),
-            encoding=old.encoding,
-            errors=old.errors,
-            write_through=True,
-        )
-        setattr(sys, name, stream)
-        setattr(sys, f"__{name}__", stream)
-
-
-def _after_fork(env: Mapping[str, str]) -> None:
-    """Redo what a fresh interpreter would have read from this environment at import."""
-    torch = sys.modules.get("torch")
-    threads = env.get("OMP_NUM_THREADS", "")
-    if torch is not None and threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
 
 
 @dataclass
@@ -339,7 +209,7 @@ def start(python: str, preload: Sequence[str], env: Mapping[str, str]) -> Handle
     directory = Path(tempfile.mkdtemp(prefix="elastic-warm-"))  # 0700: ours alone
     path = str(directory / "socket")
     proc = subprocess.Popen(
-        [python, "-m", "elastic_worker.warm.server", path, ",".join(preload)],
+        [python, "-m", protocol.SERVER_MODULE, path, ",".join(preload)],
         env=dict(env),
         stdin=subprocess.DEVNULL,
         start_new_session=True,
@@ -362,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:
         sys.exit(0)
-    server = Server(args[0])
+    server = WarmServer(args[0])
     modules = [m for m in (args[1] if len(args) > 1 else "").split(",") if m]
     server.preload(modules)
     server.serve()

@@ -1,4 +1,4 @@
-"""elastic_worker.certusage: the extended key usages of certificates openssl made, as
+"""elastic_worker.gate.certusage: the extended key usages of certificates openssl made, as
 etcd (Go's x509) reads them for client authentication."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ssl
 from pathlib import Path
 
 import pytest
-from elastic_worker import certusage
+from elastic_worker.gate import certusage
 from etcd_tls import Pki, make_pki
 
 

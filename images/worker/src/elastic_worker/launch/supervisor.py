@@ -1,0 +1,143 @@
+"""torchrun, supervised: started in its own session, signals passed on, the job's
+completion watched while it runs, its exit turned into the pod's exit code.
+
+Why a thin parent instead of exec: after torchrun exits 0 someone must mark the job
+complete, and while torchrun runs someone must notice that the job completed elsewhere
+(a spare waiting in the rendezvous, or an agent left behind). torchrun offers no hook
+for either, so elastic-worker stays as PID 1, starts torchrun in its own session
+(a terminal's Ctrl-C then reaches it once, through us), forwards SIGTERM, SIGINT,
+SIGHUP and SIGQUIT to it, and exits with its code. torchrun itself forwards the signal
+to the training processes and waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT for them, which is
+set below the pod's grace period so the whole tree ends before the kubelet's SIGKILL.
+What each end means for the job is completion.py's; leaving the round at a signal is
+recovery/leave.py's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+from elastic_worker import exits
+from elastic_worker.completion import Completion
+from elastic_worker.launch.argv import shutdown_timeout
+from elastic_worker.recovery.leave import Leaving
+from elastic_worker.settings.config import Config
+
+logger = logging.getLogger(__name__)
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+COMPLETION_POLL = 2.0  # seconds between checks of the marker while torchrun runs
+COMPLETION_GRACE = 15.0  # torchrun's time to end by itself once the job is complete
+
+
+class Supervisor:
+    """Runs torchrun, forwards signals, watches the completion marker. `leaving`: this
+    torchrun's node leaves its round when the pod is told to stop (None: it does not)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        config: Config,
+        completion: Completion,
+        *,
+        completion_poll: float = COMPLETION_POLL,
+        completion_grace: float = COMPLETION_GRACE,
+        leaving: Leaving | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.config = config
+        self.completion = completion
+        self.completion_poll = completion_poll
+        self.completion_grace = completion_grace
+        self.leaving = leaving
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.signalled: int | None = None
+        self._lock = threading.Lock()
+
+    def forward(self, signum: int) -> None:
+        """Called from the signal handler: pass the signal on to torchrun."""
+        with self._lock:
+            self.signalled = signum
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
+            logger.info("forwarding %s to torchrun (pid %d)", signal.Signals(signum).name, proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signum)
+            if self.leaving is not None:
+                self.leaving.at_signal(proc.pid)
+
+    def _stop_torchrun(self) -> None:
+        assert self.proc is not None
+        wait = shutdown_timeout(self.config.grace_period) + 5
+        logger.info("job is complete: stopping torchrun (pid %d)", self.proc.pid)
+        try:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(wait)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            logger.warning("torchrun did not stop within %d s: killing it", wait)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def run(self) -> int:
+        with self._lock:
+            self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True)
+            pending = self.signalled
+        if pending is not None:
+            self.forward(pending)
+        proc = self.proc
+        complete_since: float | None = None
+        next_check = time.monotonic() + self.completion_poll
+        while True:
+            try:
+                returncode = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if complete_since is None and now >= next_check and self.signalled is None:
+                next_check = now + self.completion_poll
+                if self.completion.while_running():
+                    complete_since = now
+                    logger.info(
+                        "job %s completed elsewhere; torchrun has %g s to end",
+                        self.config.job_id,
+                        self.completion_grace,
+                    )
+            if complete_since is not None and now - complete_since >= self.completion_grace:
+                self._stop_torchrun()
+                return 0
+        return self._after_exit(returncode, complete_since is not None)
+
+    def _after_exit(self, returncode: int, seen_complete: bool) -> int:
+        if returncode == 0:
+            self.completion.after_success()
+            return 0
+        code = exits.from_returncode(returncode)
+        if self.signalled is None:
+            return self.completion.after_failure(code, seen_complete)
+        name = signal.Signals(self.signalled).name
+        # The first pod to finish scales the StatefulSets to 0, so pods that are still
+        # leaving get SIGTERM; the job is done, and so are they: exit 0.
+        if self.completion.after_signal():
+            logger.info(
+                "torchrun exited with %d after %s; job %s is complete: exit 0",
+                code,
+                name,
+                self.config.job_id,
+            )
+            return 0
+        logger.info("torchrun exited with %d after %s", code, name)
+        if self.leaving is not None and self.proc is not None:
+            self.leaving.after_exit(self.proc.pid)
+        return code

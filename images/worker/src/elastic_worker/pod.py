@@ -1,0 +1,363 @@
+"""One pod's life, from its settings on: the gate, torchrun in one rendezvous epoch after
+another, the end; and the services around torchrun, started and stopped by one owner.
+
+    run()        memlock check, Events, metrics; gate/ready.py; _train(); the exit code
+    _train()     the services (member refresh, attempt follower, loss detection, warm
+                 server, lifeline server) on one ExitStack, then Epochs.run()
+    Epochs       torchrun supervised in the current epoch; in the next while torch closed
+                 it early (recovery/epochs.py); a lifeline watcher per torchrun
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from elastic_worker import exits, torchcompat
+from elastic_worker.completion import Completion
+from elastic_worker.gate import memlock
+from elastic_worker.gate.ready import Ready, pass_gate
+from elastic_worker.keystore import interface as kvstore
+from elastic_worker.launch import argv
+from elastic_worker.launch.attempt_line import ensure_log
+from elastic_worker.launch.supervisor import Supervisor
+from elastic_worker.observe import events
+from elastic_worker.recovery import epochs, lossdetect
+from elastic_worker.recovery.leave import Leaving
+from elastic_worker.recovery.lifelines import client as lifelines
+from elastic_worker.recovery.lifelines import server as lifeline_server
+from elastic_worker.settings.config import Config
+from elastic_worker.torchcompat import RdzvNode
+from elastic_worker.warm import server as warm
+from elastic_worker.warm.protocol import warm_command
+
+if TYPE_CHECKING:  # imported when on (_metrics): prometheus-client is needed only then
+    from elastic_worker.observe import attempts, metrics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Relay:
+    """What the signal handler needs: the stop flag and the torchrun to forward to."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    supervisor: Supervisor | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.stop.set()
+        if self.supervisor is not None:
+            self.supervisor.forward(signum)
+
+    def torchrun_pid(self) -> int | None:
+        """The running torchrun's pid (the node torch knows this pod by), if any."""
+        proc = self.supervisor.proc if self.supervisor is not None else None
+        return proc.pid if proc is not None and proc.returncode is None else None
+
+
+def run(cfg: Config, client: kvstore.KeyStore, relay: Relay) -> int:
+    """The pod's life; its exit code (exits.py)."""
+    completion = Completion(client, cfg)
+    recorder = events.Recorder.disabled()
+    tracker: metrics.Tracker | None = None
+    ready: Ready | None = None
+    try:
+        if warning := memlock.check():
+            logger.warning("%s", warning)
+        recorder = events.recorder(cfg)
+        tracker = _metrics(cfg, recorder)
+        if tracker is not None:
+            tracker.gate_begin()
+        ready = pass_gate(cfg, client, completion, relay.stop, recorder)
+        if tracker is not None:
+            tracker.gate_end()
+        code = (
+            exits.OK
+            if ready is None
+            else _train(cfg, client, completion, ready, relay, tracker=tracker, recorder=recorder)
+        )
+    except exits.Exit as leave:
+        code = leave.code
+    try:
+        if (
+            code != exits.OK
+            and relay.stop.is_set()
+            and not completion.asked_after_signal
+            and completion.after_signal()
+        ):
+            # The first pod to finish scales the job to 0: whatever this pod was doing when
+            # its SIGTERM came (gating, between torchrun runs, waiting as a spare), it is done.
+            logger.info("stopping: job %s is complete, so exit 0 (not %d)", cfg.job_id, code)
+            code = exits.OK
+        if tracker is not None:
+            tracker.finished(completed=code == exits.OK)
+        if ready is not None:
+            _record_end(recorder, code, relay, completion)
+        return code
+    finally:
+        recorder.close()
+
+
+def _record_end(recorder: events.Recorder, code: int, relay: Relay, completion: Completion) -> None:
+    """The pod's last Event: it left on SIGTERM, or training succeeded (on the StatefulSet
+    too when this pod set the completion marker: once per job)."""
+    if relay.stop.is_set() and code != exits.OK:
+        recorder.record(
+            "LeftOnSignal",
+            f"SIGTERM forwarded to torchrun: training stopped (exit {code}; the script "
+            "checkpoints on SIGTERM) and this pod left the job; the others re-form without it",
+        )
+    elif code == exits.OK and relay.supervisor is not None:
+        recorder.record("JobCompleted", "training complete: this pod exits 0")
+        if completion.marked:
+            recorder.record(
+                "JobCompleted",
+                f"training complete (marked by {completion.config.pod_name})",
+                job=True,
+            )
+
+
+def _metrics(cfg: Config, recorder: events.Recorder) -> metrics.Tracker | None:
+    """The pod's state machine, when ELASTIC_METRICS (served) or Events (not served: the
+    tracker only tells the recorder of re-forms) are on. A port that cannot be bound
+    costs the metrics, never the training: one warning line."""
+    if not (cfg.metrics or recorder.enabled):
+        return None
+    from elastic_worker.observe import metrics  # noqa: PLC0415 - only when metrics are on
+
+    job_metrics = metrics.JobMetrics(metrics.Identity(cfg.job_id, cfg.group))
+    job_metrics.node.info({"node": cfg.node_name, **dict(cfg.node_info)})
+    notify = recorder.record if recorder.enabled else None
+    if cfg.metrics:
+        try:
+            metrics.serve(job_metrics, cfg.metrics_port)
+        except OSError as exc:
+            logger.warning(
+                "metrics off: cannot serve ELASTIC_METRICS_PORT=%d (chart: monitoring.port): %s",
+                cfg.metrics_port,
+                exc.strerror or exc,
+            )
+            if notify is None:
+                return None
+        else:
+            logger.info("metrics on port %d (/metrics)", cfg.metrics_port)
+    return metrics.Tracker(
+        job_metrics, cfg.min_nodes, cfg.max_nodes, cfg.max_restarts, notify=notify
+    )
+
+
+def _start_follower(
+    tracker: metrics.Tracker, ready: Ready, env: dict[str, str]
+) -> attempts.AttemptFollower | None:
+    """Follow torchrun's attempts for the metrics; None when there is nowhere to do it."""
+    from elastic_worker.observe import attempts  # noqa: PLC0415 - only when metrics are on
+
+    members = ready.registration.count if ready.registration is not None else None
+    try:
+        follower = attempts.AttemptFollower(tracker, members)
+    except OSError as exc:  # no writable temp dir: the metrics lose the rounds only
+        logger.warning("metrics: cannot follow torchrun's attempts: %s", exc)
+        return None
+    env.update(follower.env())
+    follower.start()
+    return follower
+
+
+def _start_warm(cfg: Config, env: dict[str, str]) -> warm.Handle | None:
+    """The warm server, when on and the command is one it can start (warm/)."""
+    if not cfg.warm_start:
+        return None
+    program = argv.program_argv(cfg.command, sys.executable)
+    if warm_command(program, sys.executable, "-") is None:
+        logger.info("warm start: off for %s (not a python script or -m module)", program[0])
+        return None
+    server = warm.start(sys.executable, cfg.warm_preload, env)
+    logger.info(
+        "warm start: each training process forks from a server with %s imported "
+        "(job.warmStart.enabled=false turns this off)",
+        ", ".join(cfg.warm_preload) or "nothing",
+    )
+    return server
+
+
+def _torch_internals() -> bool:
+    """Whether this torch has what the lifelines and the leave at a signal take from it
+    (torchcompat.py); said once when not."""
+    problem = torchcompat.check()
+    if problem is None:
+        return True
+    logger.warning(
+        "lifelines off: %s; a lost or stopped node leaves the round when its keep-alive lapses",
+        problem,
+    )
+    return False
+
+
+def _train(
+    cfg: Config,
+    client: kvstore.KeyStore,
+    completion: Completion,
+    ready: Ready,
+    relay: Relay,
+    *,
+    tracker: metrics.Tracker | None,
+    recorder: events.Recorder,
+) -> int:
+    """The services, then torchrun epoch after epoch; they stop in reverse order."""
+    env, added = argv.build_env(cfg, ready.choice, os.environ)
+    logger.info("environment: %s", " ".join(f"{k}={v}" for k, v in sorted(added.items())))
+    internals = _torch_internals()
+    with contextlib.ExitStack() as services:
+        if ready.registration is not None:  # written in the gate; its key goes last
+            services.callback(ready.registration.stop)
+        follower = _start_follower(tracker, ready, env) if tracker is not None else None
+        if follower is not None:
+            services.callback(follower.stop)
+        if cfg.loss_detection:
+            services.callback(lossdetect.start(client, cfg, env).stop)
+        server = _start_warm(cfg, env)
+        if server is not None:
+            services.callback(server.stop)
+        lifeline = (
+            lifeline_server.serve(cfg, ready.local_addr, relay.torchrun_pid) if internals else None
+        )
+        attempt_log = None
+        if lifeline is not None:
+            services.callback(lifeline.stop)
+            attempt_log, own_dir = ensure_log(env, "elastic-lifeline-")
+            if own_dir is not None:
+                services.callback(shutil.rmtree, own_dir, ignore_errors=True)
+        if ready.registration is not None:
+            ready.registration.start()
+        epoch_runs = Epochs(
+            cfg,
+            completion,
+            ready,
+            relay,
+            env,
+            tracker=tracker,
+            recorder=recorder,
+            warm_socket=server.socket_path if server is not None else None,
+            lifelines=attempt_log,
+            leave=internals,
+        )
+        try:
+            return epoch_runs.run()
+        except kvstore.EtcdError as exc:
+            logger.error("etcd at %s failed: %s", cfg.endpoint, exc)
+            return exits.GATE_TIMEOUT
+
+
+@dataclass
+class Epochs:
+    """torchrun in the current rendezvous epoch, and in the next while torch closed it
+    early. `lifelines`: the attempt log, when this pod holds lifelines to its peers
+    (recovery/lifelines/); `leave`: this torch lets a node leave its round at once."""
+
+    cfg: Config
+    completion: Completion
+    ready: Ready
+    relay: Relay
+    env: dict[str, str]
+    tracker: metrics.Tracker | None = None
+    recorder: events.Recorder | None = None
+    warm_socket: str | None = None
+    lifelines: Path | None = None
+    leave: bool = True
+
+    def run(self) -> int:
+        cfg, relay, client = self.cfg, self.relay, self.completion.client
+        epoch_now = epochs.current(client, cfg)
+        code = 0
+        for reopen in range(epochs.MAX_REOPENS + 1):
+            if relay.stop.is_set():
+                return exits.signalled(signal.SIGTERM)
+            rdzv_id = epochs.run_id(cfg, epoch_now)
+            supervisor = self._supervisor(rdzv_id)
+            relay.supervisor = supervisor
+            if relay.stop.is_set():  # a signal between the check above and the line before:
+                return exits.signalled(signal.SIGTERM)  # nobody would pass it to this torchrun
+            if self.tracker is not None:
+                self.tracker.torchrun_started()
+            code = self._run(supervisor, rdzv_id)
+            if code == 0 or supervisor.signalled is not None or reopen == epochs.MAX_REOPENS:
+                return code
+            if not epochs.closed_early(cfg, rdzv_id):
+                return code
+            epoch_now = epochs.advance(client, cfg, epoch_now)
+            self._reopened(rdzv_id, epochs.run_id(cfg, epoch_now))
+        return code
+
+    def _supervisor(self, rdzv_id: str) -> Supervisor:
+        local_addr = self.ready.local_addr
+        torchrun = argv.build_argv(
+            self.cfg,
+            local_addr,
+            rdzv_id=rdzv_id,
+            pwd=self.env.get("PWD"),
+            warm_socket=self.warm_socket,
+        )
+        logger.info("starting: %s", shlex.join(torchrun))
+        leaving = Leaving(self.cfg, rdzv_id, local_addr, self.completion, enabled=self.leave)
+        return Supervisor(torchrun, self.env, self.cfg, self.completion, leaving=leaving)
+
+    def _run(self, supervisor: Supervisor, rdzv_id: str) -> int:
+        """The torchrun, with lifelines to the other nodes of each round while it runs."""
+        if self.lifelines is None:
+            return supervisor.run()
+        on_removed = None if self.recorder is None else _peer_gone(self.recorder, rdzv_id)
+        watcher = lifelines.watch(
+            self.cfg,
+            rdzv_id,
+            self.ready.local_addr,
+            self.relay.torchrun_pid,
+            self.lifelines,
+            warm_socket=self.warm_socket,
+            on_removed=on_removed,
+        )
+        if supervisor.leaving is not None:
+            supervisor.leaving.via = watcher.leave  # torch is imported there
+        try:
+            return supervisor.run()
+        finally:
+            watcher.stop()
+
+    def _reopened(self, closed: str, joining: str) -> None:
+        logger.warning(
+            "rendezvous %s was closed before the job completed (an agent failed, "
+            "e.g. while etcd was away): joining rendezvous %s",
+            closed,
+            joining,
+        )
+        if self.recorder is not None:
+            self.recorder.record(
+                "RendezvousReopened",
+                f"rendezvous {closed} was closed before the job completed: joining {joining}",
+                events.WARNING,
+                job=True,
+            )
+
+
+def _peer_gone(recorder: events.Recorder, rdzv_id: str) -> Callable[[RdzvNode], None]:
+    """The PeerGone Event of a node this pod took out of the round through its lifeline."""
+
+    def record(node: RdzvNode) -> None:
+        recorder.record(
+            "PeerGone",
+            f"the torchrun of {node[0]} (pid {node[1]}) is gone (its lifeline closed): "
+            f"took its node out of rendezvous {rdzv_id}",
+            events.WARNING,
+        )
+
+    return record

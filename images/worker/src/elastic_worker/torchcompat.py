@@ -1,0 +1,254 @@
+"""torch's private rendezvous internals, behind one fence: no other module of the worker
+touches them (tests/worker/test_torchcompat.py checks it).
+
+Read from torch/distributed/elastic/rendezvous/dynamic_rendezvous.py of torch 2.1.0 to
+2.14.1, the releases the NGC PyTorch images of 24.01 to 25.12 are built from and after
+(their builds are commits between two of these tags); each release's file is kept in
+tests/worker/torch_sources/ and the tests run the code below against every one of them.
+
+What is used, and since when (unchanged through 2.14.1 unless said):
+- `_NodeDesc(addr, pid, local_id)`: torchrun's node; its first handler has local_id 0.
+- `_DistributedRendezvousOpExecutor(node, state_holder, settings).run(handler, deadline)`,
+  which calls `handler(ctx, deadline)` with `ctx.node` and `ctx.state` until FINISH.
+- `_Action.REMOVE_FROM_PARTICIPANTS`, `REMOVE_FROM_WAIT_LIST`, `ERROR_TIMEOUT`, `FINISH`;
+  `REMOVE_FROM_REDUNDANCY_LIST` from 2.3 (2.1 and 2.2 have no redundancy list).
+- `_RendezvousState.round`, `participants`, `wait_list`, `last_heartbeats`;
+  `redundancy_list` from 2.3.
+- the handler's `_state_holder` (`.state`, `.sync()`, `.mark_dirty()`) and `_settings`.
+
+torch comes from the user's image, so the shapes are checked at start, from the source
+file without importing torch (`problems()`): when one is missing, one line says so and
+the worker takes torch's own path (the lifelines off; a lost or stopped node leaves the
+round when its keep-alive lapses). A call that still fails raises Unsupported.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import socket
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch is imported only when a node is read or taken out
+    from torch.distributed.elastic.rendezvous import RendezvousHandler
+
+#: The releases whose dynamic_rendezvous.py this module was read against.
+READ_FROM = ("2.1.0", "2.14.1")
+MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+
+#: torch's node of a torchrun, as the worker names it: (address, pid); local_id is 0.
+RdzvNode = tuple[str, int]
+
+# The shapes, as the source declares them: class -> names it must hold (fields, enum
+# members, parameters or attributes set in __init__).
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "_NodeDesc": ("addr", "pid", "local_id"),
+    "_RendezvousState": ("round", "participants", "wait_list", "last_heartbeats"),
+    "_Action": ("REMOVE_FROM_PARTICIPANTS", "REMOVE_FROM_WAIT_LIST", "ERROR_TIMEOUT", "FINISH"),
+    "_DistributedRendezvousOpExecutor": ("node", "state_holder", "settings", "run"),
+    "DynamicRendezvousHandler": ("_state_holder", "_settings"),
+}
+#: Used when there (2.3 and later), skipped when not.
+OPTIONAL: dict[str, tuple[str, ...]] = {
+    "_RendezvousState": ("redundancy_list",),
+    "_Action": ("REMOVE_FROM_REDUNDANCY_LIST",),
+}
+
+
+class Unsupported(Exception):
+    """This torch lacks a name or signature the fence needs."""
+
+
+def _declared(cls: ast.ClassDef) -> set[str]:
+    """The names a class declares: fields and members, methods, the parameters of its
+    __init__ and the attributes __init__ sets on self."""
+    names: set[str] = set()
+    for item in cls.body:
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            names.add(item.target.id)
+        elif isinstance(item, ast.Assign):
+            names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+        elif isinstance(item, ast.FunctionDef):
+            names.add(item.name)
+            if item.name == "__init__":
+                names |= {a.arg for a in item.args.args[1:] + item.args.kwonlyargs}
+                for node in ast.walk(item):
+                    if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                        names.add(node.attr)
+    return names
+
+
+def problems(source: str | None = None) -> list[str]:
+    """What the fence needs and `source` (dynamic_rendezvous.py's text; by default the
+    installed torch's, read without importing torch) lacks; empty when all is there."""
+    if source is None:
+        path = source_path()
+        if path is None:
+            return [f"{MODULE} is not installed"]
+        source = path.read_text()
+    classes = {
+        node.name: _declared(node)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ClassDef)
+    }
+    missing = []
+    for cls, names in REQUIRED.items():
+        if cls not in classes:
+            missing.append(cls)
+            continue
+        missing += [f"{cls}.{name}" for name in names if name not in classes[cls]]
+    return missing
+
+
+def source_path() -> Path | None:
+    """dynamic_rendezvous.py of the installed torch (found without importing torch)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        path = Path(root, *MODULE.split(".")[1:]).with_suffix(".py")
+        if path.is_file():
+            return path
+    return None
+
+
+def torch_version() -> str:
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def check() -> str | None:
+    """One line when the installed torch lacks what the fence needs, else None."""
+    missing = problems()
+    if not missing:
+        return None
+    return (
+        f"torch {torch_version()} lacks {', '.join(missing)} of its dynamic rendezvous "
+        f"(the worker was read against torch {READ_FROM[0]} to {READ_FROM[1]})"
+    )
+
+
+def dynamic_rendezvous() -> ModuleType:
+    """torch's module (imported here: 1-2 s of CPU the first time)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous  # noqa: PLC0415
+
+    return dynamic_rendezvous
+
+
+def participants(handler: RendezvousHandler) -> list[RdzvNode]:
+    """The torchruns (address, pid) in the round `handler`'s rendezvous holds now, read
+    (and sanitized) as torch's agents read it."""
+    try:
+        holder: Any = handler._state_holder  # type: ignore[attr-defined]
+        holder.sync()
+        return [(n.addr, n.pid) for n in holder.state.participants if n.local_id == 0]
+    except AttributeError as exc:
+        raise Unsupported(str(exc)) from None
+
+
+@dataclass
+class Removal:
+    """What taking a node out did: the node's address, the list it left ("" when it was
+    in none) and the round; `beat_after_death` when it stayed because it beat after it
+    was seen dead."""
+
+    addr: str = ""
+    removed_from: str = ""
+    round: int = -1
+    beat_after_death: bool = False
+
+
+def take_out(
+    handler: RendezvousHandler,
+    addr: str | None,
+    pid: int,
+    *,
+    timeout: float,
+    dead_since: float | None = None,
+    module: ModuleType | None = None,
+) -> Removal:
+    """Run torch's own state machine for the node of torchrun `pid` at `addr` (None: this
+    host's FQDN, as torch uses), as the node itself would have: out of the participants,
+    else the wait list, else the redundancy list; if it was the last participant of a
+    complete round, the round moves on, as torch's `_RendezvousExitOp` does.
+    `dead_since` (time.time()): another pod's node, seen dead then; it stays when its
+    heartbeat is newer (a new torchrun with the same address and pid). Raises Unsupported
+    when this torch lacks the internals; otherwise what etcd and torch raise."""
+    dr = module if module is not None else dynamic_rendezvous()
+    h: Any = handler
+    try:
+        desc = dr._NodeDesc(addr or socket.getfqdn(), pid, 0)
+        holder = _Recording(h._state_holder)
+        executor = dr._DistributedRendezvousOpExecutor(desc, holder, h._settings)
+        op = _TakeOut(dr._Action, holder, dead_since)
+        op.result.addr = desc.addr
+        executor.run(op, time.monotonic() + timeout)
+    except (AttributeError, TypeError) as exc:  # names or signatures this torch lacks
+        raise Unsupported(str(exc)) from None
+    return op.result
+
+
+class _Recording:
+    """torch's state holder, remembering whether its last sync wrote our change: a removal
+    another pod wrote first (two survivors of one death) is not ours to report."""
+
+    def __init__(self, holder: Any) -> None:
+        self._holder = holder
+        self.has_set: bool | None = None
+
+    @property
+    def state(self) -> Any:
+        return self._holder.state
+
+    def sync(self) -> bool | None:
+        self.has_set = self._holder.sync()
+        return self.has_set
+
+    def mark_dirty(self) -> None:
+        self._holder.mark_dirty()
+
+
+class _TakeOut:
+    """A torch rendezvous operation (a state handler for the op executor)."""
+
+    def __init__(self, action: Any, holder: _Recording, dead_since: float | None) -> None:
+        self._action = action
+        self._holder = holder
+        self._dead_since = dead_since
+        self.result = Removal()
+
+    def _lists(self, state: Any) -> list[tuple[Any, Any, str]]:
+        lists = [
+            (state.participants, self._action.REMOVE_FROM_PARTICIPANTS, "participants"),
+            (state.wait_list, self._action.REMOVE_FROM_WAIT_LIST, "wait list"),
+        ]
+        redundant = getattr(state, "redundancy_list", None)  # torch 2.3 and later
+        if redundant is not None:
+            remove = self._action.REMOVE_FROM_REDUNDANCY_LIST
+            lists.append((redundant, remove, "redundancy list"))
+        return lists
+
+    def __call__(self, ctx: Any, deadline: float) -> Any:
+        result = self.result
+        if result.removed_from and self._holder.has_set is False:
+            result.removed_from = ""  # our write lost to another: decide again on its state
+        state = ctx.state
+        beat = state.last_heartbeats.get(ctx.node)
+        dead_since = self._dead_since
+        if dead_since is not None and beat is not None and beat.timestamp() > dead_since:
+            result.beat_after_death = True
+            return self._action.FINISH
+        for members, action, name in self._lists(state):
+            if ctx.node in members:
+                if time.monotonic() > deadline:
+                    return self._action.ERROR_TIMEOUT
+                result.removed_from, result.round = name, state.round
+                return action
+        return self._action.FINISH

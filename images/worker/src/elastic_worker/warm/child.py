@@ -1,0 +1,94 @@
+"""A warm server's child becoming the user's program, as `python -u PROGRAM` would run it:
+its argv, environment and working directory installed, the import-time state a fresh
+interpreter would read from that environment redone, the script run as `__main__`, and
+its end reported as the interpreter would (exit code, traceback, signal)."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import traceback
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+
+
+def run_program(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
+    """`python ARGV` in this process, from its environment on: returns the exit code
+    (None and SystemExit handled as the interpreter does)."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    _after_fork(env)
+    sys.orig_argv = [sys.executable, *argv]
+    args = list(argv)
+    if args and args[0] == "-u":
+        args = args[1:]
+        _unbuffered()
+    try:
+        if args[0] == "-m":
+            sys.argv = [args[1], *args[2:]]
+            sys.path[0] = cwd
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(args)
+            sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+            runpy.run_path(args[0], run_name="__main__")
+    except SystemExit as exc:
+        return _exit_code(exc.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        return 130
+    except BaseException as exc:  # noqa: BLE001 - reported as the interpreter would
+        trimmed = _user_frames(exc.__traceback__)
+        sys.excepthook(type(exc), exc.with_traceback(trimmed), trimmed)
+        return 1
+    return 0
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """Drop this module's and runpy's frames, as `python script.py` shows none of them."""
+    skip = {__file__, runpy.__file__, "<frozen runpy>"}
+    while tb is not None and tb.tb_frame.f_code.co_filename in skip:
+        tb = tb.tb_next
+    return tb
+
+
+def _unbuffered() -> None:
+    """What `-u` does at startup: stdout and stderr written through, unbuffered."""
+    import io  # noqa: PLC0415
+
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        stream = io.TextIOWrapper(
+            io.FileIO(fd, "w", closefd=False),
+            encoding=old.encoding,
+            errors=old.errors,
+            write_through=True,
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _after_fork(env: Mapping[str, str]) -> None:
+    """Redo what a fresh interpreter would have read from this environment at import."""
+    torch = sys.modules.get("torch")
+    threads = env.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()

@@ -1,0 +1,265 @@
+"""torchcompat.py, the fence around torch's rendezvous internals, against every torch release
+the NGC PyTorch images of the last two years are built from (24.01: 2.2.0a0 ... 25.12:
+2.10.0a0) and after: each release's dynamic_rendezvous.py is kept in torch_sources/ as it
+shipped (torch's BSD license beside it; torch_sources/README.md says where each came
+from). Installing every torch is too heavy here, so each file is loaded as a module of
+the installed torch's rendezvous package (its other modules, api.py and utils.py, are
+2.13's) and the fence runs torch's own state machine from it on a rendezvous held in
+memory: the same operations a lifeline and a SIGTERM run."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import logging
+import pickle
+import re
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from elastic_worker import torchcompat
+from elastic_worker.recovery import leave
+from torch.distributed import HashStore
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+from worker.worker_helpers import ROOT
+
+SOURCES = Path(__file__).with_name("torch_sources")
+RELEASES = sorted(
+    (p.name for p in SOURCES.iterdir() if p.is_dir()),
+    key=lambda v: tuple(int(x) for x in v.split(".")),
+)
+SRC = ROOT / "images" / "worker" / "src" / "elastic_worker"
+
+
+def test_the_sources_cover_the_range_the_fence_names_and_the_pinned_torch() -> None:
+    """READ_FROM is the first and last release kept here; the pinned torch is among them
+    and its file is the installed one, byte for byte (bumping torch fails here: add its
+    file, run this module, then move the pin)."""
+    assert (RELEASES[0], RELEASES[-1]) == torchcompat.READ_FROM
+    pinned = re.search(r"^torch==(\S+)$", (ROOT / "requirements" / "dev.txt").read_text(), re.M)
+    assert pinned is not None and pinned[1] in RELEASES
+    installed = torchcompat.source_path()
+    assert installed is not None
+    assert installed.read_bytes() == (SOURCES / pinned[1] / "dynamic_rendezvous.py").read_bytes()
+    assert (SOURCES / "LICENSE").read_text().startswith("From PyTorch:")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_release_has_the_shapes_the_fence_needs(release: str) -> None:
+    source = (SOURCES / release / "dynamic_rendezvous.py").read_text()
+    assert torchcompat.problems(source) == []
+
+
+def test_a_torch_without_them_is_named_in_one_line(tmp_path: Path) -> None:
+    source = (SOURCES / RELEASES[-1] / "dynamic_rendezvous.py").read_text()
+    older = source.replace("class _DistributedRendezvousOpExecutor", "class _SomethingElse")
+    older = older.replace("    REMOVE_FROM_WAIT_LIST = ", "    TAKE_FROM_WAIT_LIST = ")
+    assert torchcompat.problems(older) == [
+        "_Action.REMOVE_FROM_WAIT_LIST",
+        "_DistributedRendezvousOpExecutor",
+    ]
+    assert torchcompat.check() is None  # the installed torch has them all
+
+
+def test_only_the_fence_touches_torchs_private_rendezvous_names() -> None:
+    """No other module of the worker names a private member of dynamic_rendezvous."""
+    private = {"_NodeDesc", "_DistributedRendezvousOpExecutor", "_Action", "_RendezvousState"}
+    private |= {"_state_holder", "_settings", "_RendezvousExitOp"}
+    users = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+            if name in private:
+                users.add(path.relative_to(SRC).as_posix())
+    assert users == {"torchcompat.py"}
+
+
+# -- torch's state machine of each release, run by the fence on a rendezvous in memory --
+
+
+class MemoryBackend:
+    """A RendezvousBackend holding the state in memory, with torch's fencing tokens."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.state: bytes | None = None
+        self.token = 0
+
+    def get_state(self) -> tuple[bytes, int] | None:
+        return None if self.state is None else (self.state, self.token)
+
+    def set_state(self, state: bytes, token: Any = None) -> tuple[bytes, int, bool] | None:
+        if self.state is not None and token != self.token:
+            return self.state, self.token, False
+        self.state, self.token = state, self.token + 1
+        return self.state, self.token, True
+
+
+def _load(release: str) -> ModuleType:
+    """The release's dynamic_rendezvous.py as a module of the installed rendezvous package."""
+    name = f"torch.distributed.elastic.rendezvous._release_{release.replace('.', '_')}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SOURCES / release / "dynamic_rendezvous.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # pickle finds _RendezvousState's class by its module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(params=RELEASES)
+def release(request: pytest.FixtureRequest) -> Iterator[tuple[str, ModuleType]]:
+    yield request.param, _load(request.param)
+
+
+def _handler(dr: ModuleType, backend: MemoryBackend) -> Any:
+    params = RendezvousParameters("memory", "", "fence", 1, 3, keep_alive_interval=5)
+    return dr.create_handler(HashStore(), backend, params)
+
+
+def _write(dr: ModuleType, backend: MemoryBackend, **fields: Any) -> None:
+    """A round as torch's agents leave it in the backend: `fields` of _RendezvousState."""
+    state = dr._RendezvousState()
+    for key, value in fields.items():
+        setattr(state, key, value)
+    backend.set_state(pickle.dumps(state), backend.token)
+
+
+def _now(dr: ModuleType) -> datetime:
+    """A heartbeat's time as the release writes it (timezone-aware from 2.6 on)."""
+    aware = "datetime.now(timezone.utc)" in Path(str(dr.__file__)).read_text()
+    return datetime.now(timezone.utc) if aware else datetime.now()
+
+
+def _read(dr: ModuleType, backend: MemoryBackend) -> Any:
+    assert backend.state is not None
+    return pickle.loads(backend.state)
+
+
+def test_a_participant_is_read_and_taken_out_and_the_round_moves_on(
+    release: tuple[str, ModuleType],
+) -> None:
+    """A complete round of two; the node of torchrun 11 leaves it: torch's own exit
+    operation, so with the last participant gone a complete round moves on."""
+    _, dr = release
+    backend = MemoryBackend()
+    now = _now(dr)
+    a, b = dr._NodeDesc("10.0.0.1", 11, 0), dr._NodeDesc("10.0.0.2", 22, 0)
+    _write(
+        dr,
+        backend,
+        round=3,
+        complete=True,
+        participants={a: 0, b: 1},
+        last_heartbeats={a: now, b: now},
+    )
+    handler = _handler(dr, backend)
+    assert sorted(torchcompat.participants(handler)) == [("10.0.0.1", 11), ("10.0.0.2", 22)]
+    done = torchcompat.take_out(handler, "10.0.0.1", 11, timeout=5, module=dr)
+    assert (done.removed_from, done.round) == ("participants", 3)
+    state = _read(dr, backend)
+    assert a not in state.participants and b in state.participants
+    again = torchcompat.take_out(_handler(dr, backend), "10.0.0.1", 11, timeout=5, module=dr)
+    assert again.removed_from == ""  # not there any more
+    torchcompat.take_out(_handler(dr, backend), "10.0.0.2", 22, timeout=5, module=dr)
+    state = _read(dr, backend)
+    assert state.participants == {} and state.round == 4 and not state.complete
+
+
+def test_a_waiting_node_leaves_the_wait_list(release: tuple[str, ModuleType]) -> None:
+    _, dr = release
+    backend = MemoryBackend()
+    now = _now(dr)
+    a, w = dr._NodeDesc("10.0.0.1", 11, 0), dr._NodeDesc("10.0.0.3", 33, 0)
+    _write(
+        dr,
+        backend,
+        complete=True,
+        participants={a: 0},
+        wait_list={w},
+        last_heartbeats={a: now, w: now},
+    )
+    done = torchcompat.take_out(_handler(dr, backend), "10.0.0.3", 33, timeout=5, module=dr)
+    assert done.removed_from == "wait list"
+    assert _read(dr, backend).wait_list == set()
+
+
+def test_a_node_that_beat_after_it_was_seen_dead_stays(release: tuple[str, ModuleType]) -> None:
+    _, dr = release
+    backend = MemoryBackend()
+    beat = _now(dr)
+    a = dr._NodeDesc("10.0.0.1", 11, 0)
+    _write(dr, backend, complete=True, participants={a: 0}, last_heartbeats={a: beat})
+    seen_dead = (beat - timedelta(seconds=2)).timestamp()
+    done = torchcompat.take_out(
+        _handler(dr, backend), "10.0.0.1", 11, timeout=5, dead_since=seen_dead, module=dr
+    )
+    assert done.beat_after_death and done.removed_from == ""
+    assert a in _read(dr, backend).participants
+
+
+def test_a_redundant_node_leaves_where_torch_keeps_a_redundancy_list(
+    release: tuple[str, ModuleType],
+) -> None:
+    """From 2.3 a node that came when the round was full waits in the redundancy list;
+    2.1 and 2.2 have none and the fence skips it."""
+    version, dr = release
+    if not hasattr(dr._RendezvousState(), "redundancy_list"):
+        assert version in {"2.1.0", "2.2.0"}
+        return
+    backend = MemoryBackend()
+    now = _now(dr)
+    a, r = dr._NodeDesc("10.0.0.1", 11, 0), dr._NodeDesc("10.0.0.4", 44, 0)
+    _write(
+        dr,
+        backend,
+        complete=True,
+        participants={a: 0},
+        redundancy_list={r},
+        last_heartbeats={a: now, r: now},
+    )
+    done = torchcompat.take_out(_handler(dr, backend), "10.0.0.4", 44, timeout=5, module=dr)
+    assert done.removed_from == "redundancy list"
+    assert _read(dr, backend).redundancy_list == set()
+
+
+def test_a_release_without_an_internal_costs_only_the_speed_up(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """torchcompat raises Unsupported; leave says so in one line and returns False."""
+    dr = _load(RELEASES[-1])
+    backend = MemoryBackend()
+    a = dr._NodeDesc("10.0.0.1", 11, 0)
+    _write(dr, backend, complete=True, participants={a: 0}, last_heartbeats={a: _now(dr)})
+
+    class Older:
+        _NodeDesc = dr._NodeDesc
+        _Action = dr._Action
+
+    monkeypatch.setattr(torchcompat, "dynamic_rendezvous", lambda: Older)
+    with caplog.at_level(logging.INFO, logger="elastic_worker"):
+        assert leave.leave_with(lambda: _handler(dr, backend), "fence", "10.0.0.1", 11) is False
+    assert "cannot leave rendezvous fence at once with this torch" in caplog.text
+    assert a in _read(dr, backend).participants
+
+
+def test_the_check_reads_the_installed_torch_without_importing_it() -> None:
+    """check() runs in elastic-worker, which must not import torch for it (0.2 GB)."""
+    code = (
+        "import sys; from elastic_worker import torchcompat; "
+        "print(torchcompat.check(), 'torch' in sys.modules)"
+    )
+    import subprocess  # noqa: PLC0415
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["None", "False"]
+    assert torch.__version__.startswith(torchcompat.torch_version().split("+")[0])
