@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 #: Where the kubelet mounts a pod's service-account token, CA and namespace. A Kubernetes
-#: fact, so the mini-cluster keeps its own; each image has one too (worker settings.py,
+#: fact, so the mini-cluster keeps its own; each image has one too (worker settings/schema.py,
 #: init-topology config.py), and tests/localrun checks the three agree.
 SERVICEACCOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 

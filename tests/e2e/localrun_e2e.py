@@ -215,7 +215,7 @@ def assert_cleaned_up(run: LocalRun) -> None:
 
 def assert_taken_out_by_lifeline(run: LocalRun, dead: str, survivors: list[str]) -> None:
     """A survivor took the SIGKILLed pod's node out of torch's round through its lifeline
-    (elastic_worker/lifeline.py), exactly one of them said so, and nobody took a node out
+    (elastic_worker/recovery/lifelines/), exactly one of them said so, and nobody took a node out
     at the job's end (the pods that end then say goodbye)."""
     placed = re.search(rf"{re.escape(dead)}: scheduled on \S+, ip (\S+)", run.events())
     assert placed, run.events()[-4000:]

@@ -135,7 +135,7 @@ def test_sigterm_spot_reclaim_checkpoints_and_loses_at_most_one_step(tmp_path: P
     assert preempt["steps_lost"] is not None and preempt["steps_lost"] <= 1, preempt
     assert preempt["seconds"] is not None and preempt["seconds"] < REFORM_BOUND, preempt
     # its node left torch's round once torchrun had stopped (the others need not wait for
-    # its keep-alive to lapse: tests/worker/test_worker_elastic.py times that)
+    # its keep-alive to lapse: tests/worker/test_pod.py times that)
     assert re.search(r"elastic-worker: left rendezvous \S+ \(participants of round", log2), log2
     # the pod exited on SIGTERM within the grace period: no SIGKILL was needed
     events = run.events()
@@ -411,7 +411,7 @@ def test_a_users_own_ddp_script_that_prints_nothing_of_ours_gets_a_true_summary(
     assert "Resuming training from snapshot at Epoch" in logs, "the script resumed"
     assert_cleaned_up(run)
     # Rounds and world sizes come from the worker's attempt lines (docs/contracts.md,
-    # images/worker launch.py): this part fails with a worker image that lacks them.
+    # images/worker launch/argv.py): this part fails with a worker image that lacks them.
     assert s["rendezvous_rounds"] >= 2, run.describe()
     assert 2 in s["world_sizes"], run.describe()
     assert "rendezvous round 2: world size" in run.stdout, run.describe()

@@ -213,7 +213,7 @@ torch's dynamic rendezvous; TLS keys named alike). */}}
   (printf "join_timeout=%v" ($r.joinTimeout | int64))
   (printf "last_call_timeout=%v" ($r.lastCallTimeout | int64))
   (printf "close_timeout=%v" ($r.closeTimeout | int64)) -}}
-{{- /* null: the worker derives it from ELASTIC_MAX_NODES (elastic_worker.settings). */ -}}
+{{- /* null: the worker derives it from ELASTIC_MAX_NODES (elastic_worker.settings.schema). */ -}}
 {{- if not (kindIs "invalid" $r.keepAliveInterval) -}}
 {{- $conf = append $conf (printf "keep_alive_interval=%v" ($r.keepAliveInterval | int64)) -}}
 {{- end -}}

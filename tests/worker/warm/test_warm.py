@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from elastic_worker.settings import config
 from elastic_worker.warm import server as warm
+from elastic_worker.warm.protocol import warm_command
 from testlib import EtcdServer, start_etcd
 
 from worker.launch.test_attempt_line import attempt_lines, cfg, records, torchrun
@@ -210,12 +211,12 @@ def test_without_a_server_the_command_runs_cold_and_says_so(tmp_path: Path) -> N
 
 def test_only_python_scripts_and_modules_are_started_warm() -> None:
     py = "/usr/bin/python3"
-    assert warm.warm_command([py, "-u", "t.py", "a"], py, "S") == [
+    assert warm_command([py, "-u", "t.py", "a"], py, "S") == [
         py, "-m", "elastic_worker.warm.client", "S", "-u", "t.py", "a"]  # fmt: skip
-    assert warm.warm_command([py, "-u", "-m", "pkg", "a"], py, "S") is not None
-    assert warm.warm_command(["/bin/train", "a"], py, "S") is None  # a binary
-    assert warm.warm_command([py, "-c", "code"], py, "S") is None  # as the user wrote it
-    assert warm.warm_command(["/other/python", "-u", "t.py"], py, "S") is None
+    assert warm_command([py, "-u", "-m", "pkg", "a"], py, "S") is not None
+    assert warm_command(["/bin/train", "a"], py, "S") is None  # a binary
+    assert warm_command([py, "-c", "code"], py, "S") is None  # as the user wrote it
+    assert warm_command(["/other/python", "-u", "t.py"], py, "S") is None
 
 
 def test_a_bad_preload_list_is_refused_by_name() -> None:

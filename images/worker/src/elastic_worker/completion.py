@@ -6,14 +6,16 @@ bundled etcd last, so when etcd cannot answer, the etcd StatefulSet at 0 replica
 same fact (scaledown.py reads it). A pod asks at each point of its life where the answer
 changes what it does; `Completion` holds one method per point:
 
-    in the gate, while etcd does not answer   during_gate      -> exit 0 without joining
-    after the gate                             before_join      -> exit 0 without joining
-    while torchrun runs (a spare, a straggler) while_running    -> stop torchrun, exit 0
-    torchrun exited 0                          after_success    -> mark, scale down, exit 0
-    torchrun failed                            after_failure    -> exit 0 if complete
-    stopped by a signal                        after_signal     -> exit 0 if complete
-    before leaving the round at a signal       before_leave     -> do not leave
-    before stopping an attempt (loss detection) before_stop     -> do not stop
+    in the gate, while etcd does not answer    during_gate     -> exit 0 without joining
+    after the gate                             before_join     -> exit 0 without joining
+    while torchrun runs (a spare, a straggler) while_running   -> stop torchrun, exit 0
+    torchrun exited 0                          after_success   -> mark, scale down, exit 0
+    torchrun failed                            after_failure   -> exit 0 if complete
+    stopped by a signal                        after_signal    -> exit 0 if complete
+    before leaving the round at a signal       before_leave    -> do not leave
+
+and loss detection asks complete_now() before it stops an attempt (a member that finished
+is not lost).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from elastic_worker.settings.config import Config
 
 logger = logging.getLogger(__name__)
 
-WHILE_RUNNING_WAIT = 15.0  # after a failed torchrun: how long to wait for the marker
+FAILURE_WAIT = 15.0  # after a failed torchrun: how long to wait for the marker
 # After a SIGTERM: how long to keep asking etcd, then the API, whether the job completed
 # (at the end both may be going away at once; well inside the pod's grace period).
 STOPPED_ASK = 10.0
@@ -136,7 +138,7 @@ class Completion:
     client: kvstore.KeyStore
     config: Config
     #: after a failed torchrun: how long to wait for another pod's marker
-    failure_wait: float = WHILE_RUNNING_WAIT
+    failure_wait: float = FAILURE_WAIT
     #: this pod set the marker (its JobCompleted Event goes on the StatefulSet too)
     marked: bool = False
     asked_after_signal: bool = False
@@ -212,8 +214,3 @@ class Completion:
             return is_complete(self.client.with_timeout(LEAVE_ASK), self.config)
         except kvstore.EtcdError:
             return False
-
-    def before_stop(self, reader: kvstore.KeyStore) -> bool:
-        """Loss detection stops nothing once the job is complete: a member that finished
-        is not lost (asked through the detector's own client)."""
-        return complete_now(reader, self.config)

@@ -25,6 +25,7 @@ __all__ = [
     "BY_NAME",
     "HEARTBEATS_PER_S",
     "RDZV_CONF_DEFAULT",
+    "SERVICEACCOUNT_DIR",
     "SETTINGS",
     "Kind",
     "Setting",
