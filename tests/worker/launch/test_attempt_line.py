@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 from elastic_worker.launch import argv as launch
+from elastic_worker.launch.attempt_line import parse_attempt, process_alive
 from elastic_worker.settings import config
 from testlib import EtcdServer, start_etcd
+from torch.distributed.elastic.utils.api import macros
 
 from worker.worker_helpers import PYTHON, Agent, wait_until, worker_env
 
@@ -284,3 +286,73 @@ def test_sigterm_to_the_worker_reaches_the_program(etcd: EtcdServer, tmp_path: P
         agent.kill()
     assert sorted(p.name for p in out.glob("sigterm-l*")) == ["sigterm-l0", "sigterm-l1"]
     assert attempt_lines(agent.text()) == [("sigterm", 0, 0, 1, 2)]
+
+
+# -- the line appended to the attempt log, and the process it names --
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[elastic-worker] attempt run_id=j restart=0 group_rank=0 nodes=2 world_size=2",  # no pid
+        "[elastic-worker] attempt run_id=j restart=x group_rank=0 nodes=2 world_size=2 pid=5",
+        "[elastic-worker] attempt run_id=j restart=0 group_rank=0 no",  # torn
+        "[train] step=3",
+    ],
+)
+def test_a_line_that_is_not_a_whole_attempt_is_ignored(line: str) -> None:
+    assert parse_attempt(line) is None
+
+
+def shim(
+    tmp_path: Path, log: str | None, **env: str
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run the attempt shim as torchrun does, with a program that prints its PID."""
+    program = ["python3", "-c", "import os, sys; print(os.getpid()); sys.exit(7)"]
+    base = {
+        "PATH": os.environ["PATH"],
+        "LOCAL_RANK": "0",
+        "TORCHELASTIC_RUN_ID": "default-run42",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        "GROUP_RANK": "1",
+        "WORLD_SIZE": "6",
+        "LOCAL_WORLD_SIZE": "2",
+        **env,
+    }
+    if log is not None:
+        base["ELASTIC_ATTEMPT_LOG"] = log
+    # What torchrun runs after --no-python, through the `${local_rank}` macro substitution
+    # its local agent applies to every argument (it turns `$$` into `$`).
+    args = macros.substitute(launch.command_args(program, "python3")[1:], "0")
+    result = subprocess.run(args, env=base, capture_output=True, text=True, timeout=10, check=False)
+    return result, result.stdout.strip()
+
+
+def test_the_shim_appends_the_attempt_line_with_the_programs_pid(tmp_path: Path) -> None:
+    log = tmp_path / "attempts"
+    result, pid = shim(tmp_path, str(log))
+    assert result.returncode == 7
+    # stderr keeps the contract's line exactly; the log adds the PID the program runs as.
+    assert result.stderr == (
+        "[elastic-worker] attempt run_id=default-run42 restart=2 group_rank=1 nodes=3 "
+        "world_size=6\n"
+    )
+    parsed = parse_attempt(log.read_text().rstrip("\n"))
+    assert parsed is not None
+    assert (parsed.restart, parsed.group_rank, parsed.nodes, parsed.pid) == (2, 1, 3, int(pid))
+
+
+def test_a_log_that_cannot_be_written_changes_nothing_for_the_program(tmp_path: Path) -> None:
+    result, _ = shim(tmp_path, str(tmp_path / "missing-dir" / "attempts"))
+    assert result.returncode == 7
+    assert result.stderr.startswith("[elastic-worker] attempt ") and result.stderr.count("\n") == 1
+    result, _ = shim(tmp_path, None, LOCAL_RANK="1")
+    assert (result.returncode, result.stderr) == (7, "")
+
+
+def test_a_zombie_has_ended() -> None:
+    proc = subprocess.Popen(["true"])
+    wait_until("true to exit", lambda: not process_alive(proc.pid), timeout=10)
+    assert Path(f"/proc/{proc.pid}").exists()  # not yet reaped: a zombie
+    proc.wait()
+    assert process_alive(os.getpid())

@@ -1,11 +1,11 @@
 """The pod's metrics (docs/contracts.md, "Metrics"): what each series says after what the
-worker saw, the attempt shim's log line, the follower over real processes, the HTTP
-endpoint, and three real agents (etcd, torchrun, train.py) of which one is killed."""
+worker saw, the HTTP endpoint, and three real agents (etcd, torchrun, train.py) of which
+one is killed. The attempt shim's log line is in launch/test_attempt_line.py, the
+follower in observe/test_attempts.py."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import socket
 import subprocess
@@ -15,10 +15,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from elastic_worker.launch import argv as launch
 from elastic_worker.launch.attempt_line import AttemptLine as Attempt
-from elastic_worker.launch.attempt_line import parse_attempt, process_alive
-from elastic_worker.observe import attempts as follow
+from elastic_worker.launch.attempt_line import parse_attempt
 from elastic_worker.observe.metrics import (
     LABELS,
     STATES,
@@ -32,7 +30,6 @@ from elastic_worker.settings import config
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from testlib import EtcdServer
-from torch.distributed.elastic.utils.api import macros
 
 from worker.worker_helpers import ROOT, TRAIN, Agent, wait_until, worker_env
 
@@ -243,19 +240,6 @@ def test_waiting_while_more_pods_are_registered_than_max_nodes_is_spare() -> Non
 
 
 @pytest.mark.parametrize(
-    "line",
-    [
-        "[elastic-worker] attempt run_id=j restart=0 group_rank=0 nodes=2 world_size=2",  # no pid
-        "[elastic-worker] attempt run_id=j restart=x group_rank=0 nodes=2 world_size=2 pid=5",
-        "[elastic-worker] attempt run_id=j restart=0 group_rank=0 no",  # torn
-        "[train] step=3",
-    ],
-)
-def test_a_line_that_is_not_a_whole_attempt_is_ignored(line: str) -> None:
-    assert parse_attempt(line) is None
-
-
-@pytest.mark.parametrize(
     ("line", "step"),
     [
         ("step=7", 7),
@@ -267,90 +251,6 @@ def test_a_line_that_is_not_a_whole_attempt_is_ignored(line: str) -> None:
 )
 def test_progress_lines(line: str, step: int | None) -> None:
     assert parse_progress(line) == step
-
-
-def shim(
-    tmp_path: Path, log: str | None, **env: str
-) -> tuple[subprocess.CompletedProcess[str], str]:
-    """Run the attempt shim as torchrun does, with a program that prints its PID."""
-    program = ["python3", "-c", "import os, sys; print(os.getpid()); sys.exit(7)"]
-    base = {
-        "PATH": os.environ["PATH"],
-        "LOCAL_RANK": "0",
-        "TORCHELASTIC_RUN_ID": "default-run42",
-        "TORCHELASTIC_RESTART_COUNT": "2",
-        "GROUP_RANK": "1",
-        "WORLD_SIZE": "6",
-        "LOCAL_WORLD_SIZE": "2",
-        **env,
-    }
-    if log is not None:
-        base["ELASTIC_ATTEMPT_LOG"] = log
-    # What torchrun runs after --no-python, through the `${local_rank}` macro substitution
-    # its local agent applies to every argument (it turns `$$` into `$`).
-    args = macros.substitute(launch.command_args(program, "python3")[1:], "0")
-    result = subprocess.run(args, env=base, capture_output=True, text=True, timeout=10, check=False)
-    return result, result.stdout.strip()
-
-
-def test_the_shim_appends_the_attempt_line_with_the_programs_pid(tmp_path: Path) -> None:
-    log = tmp_path / "attempts"
-    result, pid = shim(tmp_path, str(log))
-    assert result.returncode == 7
-    # stderr keeps the contract's line exactly; the log adds the PID the program runs as.
-    assert result.stderr == (
-        "[elastic-worker] attempt run_id=default-run42 restart=2 group_rank=1 nodes=3 "
-        "world_size=6\n"
-    )
-    parsed = parse_attempt(log.read_text().rstrip("\n"))
-    assert parsed is not None
-    assert (parsed.restart, parsed.group_rank, parsed.nodes, parsed.pid) == (2, 1, 3, int(pid))
-
-
-def test_a_log_that_cannot_be_written_changes_nothing_for_the_program(tmp_path: Path) -> None:
-    result, _ = shim(tmp_path, str(tmp_path / "missing-dir" / "attempts"))
-    assert result.returncode == 7
-    assert result.stderr.startswith("[elastic-worker] attempt ") and result.stderr.count("\n") == 1
-    result, _ = shim(tmp_path, None, LOCAL_RANK="1")
-    assert (result.returncode, result.stderr) == (7, "")
-
-
-def test_the_follower_sees_an_attempts_process_end_and_reads_partial_lines(tmp_path: Path) -> None:
-    tracker, metrics, _ = tracked()
-    follower = follow.AttemptFollower(tracker)
-    env = follower.env()
-    proc = subprocess.Popen(["sleep", "60"])
-    try:
-        with open(env["ELASTIC_ATTEMPT_LOG"], "a") as fh:
-            fh.write(
-                "[elastic-worker] attempt run_id=j restart=0 group_rank=0 nodes=2 "
-                f"world_size=2 pid={proc.pid}\n"
-            )
-        with open(env["ELASTIC_PROGRESS_FILE"], "a") as fh:
-            fh.write("step=1\nstep=2\nst")  # the last line is still being written
-        follower.poll()
-        v = scrape(metrics)
-        assert state(v) == "training" and v["elastic_job_last_step"] == 2
-        with open(env["ELASTIC_PROGRESS_FILE"], "a") as fh:
-            fh.write("ep=3\n")
-        proc.terminate()
-        proc.wait()
-        follower.poll()
-        v = scrape(metrics)
-        assert v["elastic_job_last_step"] == 3
-        assert state(v) == "waiting_rendezvous"
-    finally:
-        proc.kill()
-        follower.stop()
-    assert not Path(env["ELASTIC_ATTEMPT_LOG"]).parent.exists()  # its private dir is removed
-
-
-def test_a_zombie_has_ended() -> None:
-    proc = subprocess.Popen(["true"])
-    wait_until("true to exit", lambda: not process_alive(proc.pid), timeout=10)
-    assert Path(f"/proc/{proc.pid}").exists()  # not yet reaped: a zombie
-    proc.wait()
-    assert process_alive(os.getpid())
 
 
 def free_port() -> int:
