@@ -1,6 +1,6 @@
 """The chart and the worker image agree on the worker's settings, whose one definition is
-images/worker/src/elastic_worker/settings.py: the chart sets exactly the variables defined
-as the chart's, `_validate.tpl` owns them, and the image's defaults are the chart's."""
+images/worker/src/elastic_worker/settings/definitions.py: the chart sets exactly the variables
+defined as the chart's, `_validate.tpl` owns them, and the image's defaults are the chart's."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from chart_render import (
 from elastic_worker.settings.definitions import SETTINGS, Source
 
 # The worker's variables the chart sets, in the chart's order: the one definition's
-# (images/worker/src/elastic_worker/settings.py), then the downward API's.
+# (images/worker/src/elastic_worker/settings/definitions.py), then the downward API's.
 CONTRACT_ENV = [
     *(s.name for s in SETTINGS if s.source in {Source.VALUE, Source.DERIVED}),
     "POD_NAME",

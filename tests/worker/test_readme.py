@@ -49,5 +49,7 @@ def test_the_exit_codes_are_exits_py() -> None:
 
 
 def test_the_torch_range_is_the_fences() -> None:
+    """In the worker's README and the project's."""
     first, last = (v.rsplit(".", 1)[0] for v in torchcompat.READ_FROM)
     assert f"torch {first} to {last}" in _section("torch")
+    assert f"torch {first} to {last}" in (ROOT / "README.md").read_text()

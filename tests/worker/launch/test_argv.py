@@ -47,7 +47,7 @@ def test_build_argv_is_the_full_torchrun_command() -> None:
         "--monitor-interval=0.5",
         f"--rdzv-conf={conf}",
         "--local-addr=198.18.0.7",
-        # The attempt shim (tests/worker/test_worker_attempt.py runs it), then the program
+        # The attempt shim (tests/worker/launch/test_attempt_line.py runs it), then the program
         # as torchrun itself would start it.
         "--no-python",
         "sh",

@@ -180,7 +180,7 @@ def torchrun(
     warm_socket: str | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     """torchrun as elastic-worker builds it (1 node, 2 processes) with or without the shim,
-    the program started warm through `warm_socket` when given (test_worker_warm.py)."""
+    the program started warm through `warm_socket` when given (warm/test_warm.py)."""
     out = tmp_path / name
     out.mkdir()
     program = tmp_path / "program.py"

@@ -3,7 +3,7 @@ leases): a member that stops renewing its key (frozen with SIGSTOP, as a cut lin
 frozen VM would) makes the others stop their training process at once; healthy members, a
 clean leave and a completed job stop none.
 
-Each pod's liveness runs in its own process (tests/worker/liveness_pod.py); each pod's
+Each pod's liveness runs in its own process (tests/worker/recovery/lossdetect_pod.py); each pod's
 "training process" is a real process with torch's MASTER_ADDR/MASTER_PORT in its
 environment, announced by an attempt line with its PID as the attempt shim writes it.
 """
