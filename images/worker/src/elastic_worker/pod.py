@@ -198,7 +198,8 @@ def _torch_internals() -> bool:
     if problem is None:
         return True
     logger.warning(
-        "lifelines off: %s; a lost or stopped node leaves the round when its keep-alive lapses",
+        "no lifelines and no leave at a signal: %s; a lost or stopped node leaves the "
+        "round when its keep-alive lapses",
         problem,
     )
     return False
