@@ -263,3 +263,27 @@ def test_the_check_reads_the_installed_torch_without_importing_it() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["None", "False"]
     assert torch.__version__.startswith(torchcompat.torch_version().split("+")[0])
+
+
+def test_a_pod_on_a_torch_without_them_says_so_once_and_takes_torchs_own_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The start-time check: one line, then no lifelines and no leave at a signal."""
+    from elastic_worker import pod  # noqa: PLC0415
+
+    assert pod._torch_internals() is True
+    monkeypatch.setattr(torchcompat, "check", lambda: "torch 9.9 lacks _Action")
+    # Its own handler: an earlier test's main.setup_logging() turns propagation off.
+    records: list[logging.LogRecord] = []
+    listener = logging.Handler(logging.WARNING)
+    listener.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("elastic_worker.pod").addHandler(listener)
+    try:
+        assert pod._torch_internals() is False
+    finally:
+        logging.getLogger("elastic_worker.pod").removeHandler(listener)
+    said = [r.getMessage() for r in records]
+    assert said == [
+        "no lifelines and no leave at a signal: torch 9.9 lacks _Action; a lost or stopped "
+        "node leaves the round when its keep-alive lapses"
+    ]
