@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from elastic_worker.gate import certusage
-from etcd_tls import Pki, make_pki
+
+from worker.etcd_tls import Pki, make_pki
 
 
 @pytest.fixture(scope="module")
