@@ -15,9 +15,11 @@ from elastic_worker.main import setup_logging
 from elastic_worker.recovery import leave
 from elastic_worker.recovery import lossdetect as liveness
 from elastic_worker.recovery.lifelines import client as lifeline
+from elastic_worker.recovery.lifelines import server as lifeline_server
 from elastic_worker.settings import config
 from elastic_worker.settings.definitions import BY_NAME, RDZV_CONF_DEFAULT, rdzv_conf_default
 from elastic_worker.warm import server as warm
+from elastic_worker.warm.protocol import warm_command
 
 __all__ = [
     "ATTEMPT_PREFIX",
@@ -27,9 +29,11 @@ __all__ = [
     "etcdv2",
     "leave",
     "lifeline",
+    "lifeline_server",
     "liveness",
     "parse_attempt",
     "rdzv_conf_default",
     "setup_logging",
     "warm",
+    "warm_command",
 ]

@@ -20,13 +20,13 @@ they used, and whether they trained on. Profiles:
   design2   its second: last_call_timeout=1, keep-alive 1 s x 2, monitor 0.1 s
   tuned-shared-store  tuned, but keeping torch's shared agent TCPStore
   tuned     the settings docs/recovery.md recommends: elastic-worker's defaults
-            (elastic_worker.settings) and its TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
+            (elastic_worker.settings.definitions) and its TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
             train.py's 60 s process-group timeout
   tuned-warm  tuned, each training process started from a warm server that has imported
             torch (elastic-worker's default, job.warmStart.enabled), and a node stopped by
             SIGTERM leaving the round once its torchrun has exited, as elastic-worker does
-            (elastic_worker/leave.py), and lifelines: each node's lifeline dies with it,
-            and the others take its node out of the round (elastic_worker/lifeline.py;
+            (elastic_worker/recovery/leave.py), and lifelines: each node's lifeline dies with it,
+            and the others take its node out of the round (elastic_worker/recovery/lifelines/;
             each agent then has an address of its own, 127.0.0.10 upwards, as a pod has)
   tuned-warm-no-lifeline  tuned-warm without the lifelines
   tuned-warm-before  tuned-warm with the last call it had before it was measured down

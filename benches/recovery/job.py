@@ -19,7 +19,7 @@ from benches.env import ROOT, VENV_BIN
 from benches.procs import descendants, free_port, start_etcd
 from benches.recovery.agent import Agent
 from benches.recovery.profiles import PRELOAD, PROFILES, Profile
-from benches.worker import leave, warm
+from benches.worker import leave, warm, warm_command
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.rendezvous import RendezvousHandler
@@ -51,7 +51,7 @@ def leave_at_signal(
     lifeline_server: subprocess.Popen[bytes] | None,
 ) -> None:
     """What elastic-worker does when it passes a SIGTERM on to torchrun: take that node
-    out of the round at once (elastic_worker/leave.py; launch.Supervisor), and once
+    out of the round at once (elastic_worker/recovery/leave.py; launch/supervisor.py), and once
     torchrun has exited, say goodbye on its lifelines. `timeline` gets the monotonic times
     the node was out and torchrun exited."""
 
@@ -108,7 +108,7 @@ class Job:
         if conf.warm:  # as elastic-worker runs it (job.warmStart.enabled)
             server = warm.start(program[0], PRELOAD, self.env)
             self.servers.append(server)
-            warm_program = warm.warm_command([*program, str(TRAIN)], program[0], server.socket_path)
+            warm_program = warm_command([*program, str(TRAIN)], program[0], server.socket_path)
             assert warm_program is not None
             program = warm_program[:-1]
         argv = [

@@ -1,4 +1,4 @@
-"""A node's lifelines, as its elastic-worker runs them (lifeline.serve and lifeline.watch,
+"""A node's lifelines, as its elastic-worker runs them (lifeline_server.serve and lifeline.watch,
 with elastic-worker's Config), in a process of its own so that they die with the node.
 
     python -m benches.recovery.lifeline_node ADDR ATTEMPT_LOG NAME=value...
@@ -18,7 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
-from benches.worker import config, lifeline
+from benches.worker import config, lifeline, lifeline_server
 
 
 def main(argv: list[str]) -> int:
@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     print("ready", flush=True)
     pid, _, warm = sys.stdin.readline().strip().partition(" ")
-    server = lifeline.serve(cfg, addr, lambda: int(pid))
+    server = lifeline_server.serve(cfg, addr, lambda: int(pid))
     watcher = lifeline.watch(cfg, "bench", addr, lambda: int(pid), log, warm_socket=warm or None)
     done.wait()
     watcher.stop()

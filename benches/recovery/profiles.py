@@ -47,7 +47,7 @@ PROFILES: dict[str, Profile] = {
         leave=True,
         lifeline=True,
     ),
-    # Before the lifelines (elastic_worker/lifeline.py): for comparison.
+    # Before the lifelines (elastic_worker/recovery/lifelines/): for comparison.
     "tuned-warm-no-lifeline": Profile(
         RDZV_CONF_DEFAULT, MONITOR_INTERVAL, 60, NO_SHARED_STORE, warm=True, leave=True
     ),

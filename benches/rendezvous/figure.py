@@ -20,7 +20,7 @@ from benches.worker import rdzv_conf_default
 
 # The rendezvous figure's profiles: (backend, --rdzv-conf for a job of `agents` nodes).
 # elastic-job is the worker's default for a job of that size (its keep-alive interval
-# grows with the job: elastic_worker.settings.keep_alive_interval); on etcd-v3 it is the
+# grows with the job: elastic_worker.settings.schema.keep_alive_interval); on etcd-v3 it is the
 # project's own backend (torch-etcd-v3, which backs off after a lost compare-and-set).
 RDZV_PROFILES: dict[str, tuple[str, Callable[[int], str]]] = {
     "torch defaults": ("etcd-v2", lambda agents: ""),

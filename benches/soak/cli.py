@@ -1,4 +1,4 @@
-"""Soak the round liveness (elastic_worker.liveness) on a saturated machine: no healthy
+"""Soak the round liveness (elastic_worker.recovery.lossdetect) on a saturated machine: no healthy
 member may be evicted.
 
     scripts/soak-false-evictions                 # 10 minutes, issue 12's acceptance run

@@ -17,7 +17,7 @@ from benches.worker import config, etcdv2, liveness, setup_logging
 def main(log: Path) -> int:
     setup_logging()
     cfg = config.load(["train.py"])
-    watch = liveness.Watch(etcdv2.connect(cfg), cfg, log)
+    watch = liveness.LossDetector(etcdv2.connect(cfg), cfg, log)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     watch.start()
