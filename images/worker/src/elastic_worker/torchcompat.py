@@ -29,7 +29,6 @@ import importlib.util
 import socket
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -118,6 +117,8 @@ def source_path() -> Path | None:
 
 
 def torch_version() -> str:
+    from importlib import metadata  # noqa: PLC0415 - only to name a torch that lacks a shape
+
     try:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
