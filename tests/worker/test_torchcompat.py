@@ -66,6 +66,7 @@ def test_a_torch_without_them_is_named_in_one_line(tmp_path: Path) -> None:
         "_DistributedRendezvousOpExecutor",
     ]
     assert torchcompat.check() is None  # the installed torch has them all
+    assert torchcompat.check_soon()() is None  # the same, from a thread started earlier
 
 
 def test_only_the_fence_touches_torchs_private_rendezvous_names() -> None:

@@ -69,6 +69,7 @@ class Relay:
 def run(cfg: Config, client: kvstore.KeyStore, relay: Relay) -> int:
     """The pod's life; its exit code (exits.py)."""
     completion = Completion(client, cfg)
+    torch_check = torchcompat.check_soon()
     recorder = events.Recorder.disabled()
     tracker: metrics.Tracker | None = None
     ready: Ready | None = None
@@ -85,7 +86,16 @@ def run(cfg: Config, client: kvstore.KeyStore, relay: Relay) -> int:
         code = (
             exits.OK
             if ready is None
-            else _train(cfg, client, completion, ready, relay, tracker=tracker, recorder=recorder)
+            else _train(
+                cfg,
+                client,
+                completion,
+                ready,
+                relay,
+                tracker=tracker,
+                recorder=recorder,
+                internals=_torch_internals(torch_check),
+            )
         )
     except exits.Exit as leave:
         code = leave.code
@@ -191,10 +201,10 @@ def _start_warm(cfg: Config, env: dict[str, str]) -> warm.Handle | None:
     return server
 
 
-def _torch_internals() -> bool:
+def _torch_internals(answer: Callable[[], str | None] | None = None) -> bool:
     """Whether this torch has what the lifelines and the leave at a signal take from it
-    (torchcompat.py); said once when not."""
-    problem = torchcompat.check()
+    (torchcompat.py; `answer`: a check started earlier); said once when not."""
+    problem = (answer or torchcompat.check)()
     if problem is None:
         return True
     logger.warning(
@@ -214,11 +224,12 @@ def _train(
     *,
     tracker: metrics.Tracker | None,
     recorder: events.Recorder,
+    internals: bool,
 ) -> int:
-    """The services, then torchrun epoch after epoch; they stop in reverse order."""
+    """The services, then torchrun epoch after epoch; they stop in reverse order.
+    `internals`: this torch lets the lifelines and the leave at a signal work."""
     env, added = argv.build_env(cfg, ready.choice, os.environ)
     logger.info("environment: %s", " ".join(f"{k}={v}" for k, v in sorted(added.items())))
-    internals = _torch_internals()
     with contextlib.ExitStack() as services:
         if ready.registration is not None:  # written in the gate; its key goes last
             services.callback(ready.registration.stop)

@@ -27,7 +27,9 @@ from __future__ import annotations
 import ast
 import importlib.util
 import socket
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -127,13 +129,31 @@ def torch_version() -> str:
 
 def check() -> str | None:
     """One line when the installed torch lacks what the fence needs, else None."""
-    missing = problems()
+    try:
+        missing = problems()
+    except (OSError, SyntaxError, ValueError) as exc:
+        missing = [f"a readable {MODULE} ({exc})"]
     if not missing:
         return None
     return (
         f"torch {torch_version()} lacks {', '.join(missing)} of its dynamic rendezvous "
         f"(the worker was read against torch {READ_FROM[0]} to {READ_FROM[1]})"
     )
+
+
+def check_soon() -> Callable[[], str | None]:
+    """check() in a thread, started now (about 0.1 s of parsing, off the pod's way while
+    it waits in the gate); the function returned waits for its answer."""
+    answer: list[str | None] = []
+    thread = threading.Thread(target=lambda: answer.append(check()), name="torch-check")
+    thread.daemon = True
+    thread.start()
+
+    def result() -> str | None:
+        thread.join()
+        return answer[0] if answer else f"torch {torch_version()}: the check of it failed"
+
+    return result
 
 
 def dynamic_rendezvous() -> ModuleType:
