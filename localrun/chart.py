@@ -2,7 +2,9 @@
 mini-cluster (cluster/) and the host layer (host/) know none of it.
 
 - which rendered StatefulSets are worker groups and which the rendezvous (labels);
-- what the worker image holds that a host path stands in for (the examples);
+- what the project's images are here (the checkout's venv; the worker image's examples, the
+  init-topology image's injected-worker bundle at their paths), and the images `--image`
+  maps to other environments (a user's own training image: its venv, nothing of ours);
 - where the job's completion marker is (the etcd client port, the key, ELASTIC_JOB_ID);
 - the lines the pods print: the worker's attempt line (one per attempt torchrun starts,
   docs/contracts.md), the reference script's optional `[train]` lines, the worker's own
@@ -13,15 +15,18 @@ from __future__ import annotations
 
 import base64
 import http.client
+import importlib.util
 import json
 import re
 import ssl
+import sys
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localrun.cluster.images import HostImage, Images
 from localrun.cluster.runtime import BindMount
 
 Obj = dict[str, Any]
@@ -34,6 +39,11 @@ WORKER = "worker"
 #: The worker image's examples (train.py), from the checkout.
 IMAGE_EXAMPLES = "/opt/elastic-worker/examples"
 EXAMPLES_SOURCE = Path("images") / "worker" / "examples"
+#: The injected worker (worker.entrypoint=injected): the init container that copies it, and
+#: where the init-topology image it runs holds the bundle (images/init-topology/Dockerfile).
+INJECT_CONTAINER = "inject-worker"
+BUNDLE_IMAGE_PATH = "/opt/elastic-worker-bundle"
+BUNDLE_BUILDER = Path("images") / "worker" / "bundle" / "build.py"
 
 #: The worker's job id (the chart's `job.id`, else derived from release and namespace).
 JOB_ID_ENV = "ELASTIC_JOB_ID"
@@ -82,10 +92,49 @@ def service_account(statefulsets: Iterable[Obj]) -> str:
     return "default"
 
 
-def image_mounts(root: Path) -> tuple[BindMount, ...]:
-    """What the worker image holds at a fixed path, from the checkout (read-only)."""
+def images(
+    root: Path,
+    statefulsets: Iterable[Obj],
+    ours_path: list[str],
+    mapped: Mapping[str, Path],
+    system_path: str,
+) -> Images:
+    """What each image of the run is on this machine. The project's own (the worker and
+    init-topology images, and any image not named) run from `ours_path` (the checkout's
+    venv) with the worker image's examples at their path; the image the inject-worker init
+    container runs (init-topology's) holds the bundle there too, built from the checkout
+    (cached) when a pod injects it. An image `mapped` names (`--image NAME=VENV`) runs from
+    that environment, VENV/bin first on PATH, and holds nothing of the project's."""
     examples = root / EXAMPLES_SOURCE
-    return (BindMount(str(examples), IMAGE_EXAMPLES, True),) if examples.is_dir() else ()
+    shown = (BindMount(str(examples), IMAGE_EXAMPLES, True),) if examples.is_dir() else ()
+    ours = HostImage({"PATH": ":".join(ours_path)}, shown)
+    named: dict[str, HostImage] = {}
+    for c in _init_containers(statefulsets, INJECT_CONTAINER):
+        bundle = BindMount(str(worker_bundle(root)), BUNDLE_IMAGE_PATH, True)
+        named[str(c.get("image", ""))] = HostImage(ours.env, (*ours.mounts, bundle))
+    for name, venv in mapped.items():
+        named[name] = HostImage({"PATH": f"{venv / 'bin'}:{system_path}"})
+    return Images(ours, named)
+
+
+def _init_containers(statefulsets: Iterable[Obj], name: str) -> list[Obj]:
+    return [
+        c
+        for sts in statefulsets
+        for c in sts["spec"]["template"]["spec"].get("initContainers") or []
+        if c.get("name") == name
+    ]
+
+
+def worker_bundle(root: Path) -> Path:
+    """The injected worker's bundle of this checkout, as the init-topology image's build
+    makes it (images/worker/bundle/build.py), built once per content."""
+    spec = importlib.util.spec_from_file_location("elastic_worker_bundle_build", root / BUNDLE_BUILDER)
+    assert spec is not None and spec.loader is not None
+    builder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builder)
+    path: Path = builder.cached(sys.executable)
+    return path
 
 
 # -- completion --------------------------------------------------------------------------

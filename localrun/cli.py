@@ -192,8 +192,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --prometheus: a value of charts/elastic-job-cluster (its alerts' "
         "thresholds, e.g. prometheusRule.restartStorm.restarts=2)",
     )
+    r.add_argument(
+        "--image",
+        dest="images",
+        action="append",
+        default=[],
+        metavar="NAME=VENV",
+        help="containers whose image is NAME (a whole reference or its repository) run "
+        "from the Python environment VENV (VENV/bin first on PATH) instead of the "
+        "project's: a user's own training image (worker.entrypoint=injected)",
+    )
     r.add_argument("-v", "--verbose", action="store_true")
     return p
+
+
+def parse_image(text: str) -> tuple[str, Path]:
+    name, sep, venv = text.partition("=")
+    if not (sep and name and venv):
+        raise UsageError(f"--image {text!r}: expected NAME=VENV (an image reference, a venv)")
+    path = Path(venv).resolve()
+    if not (path / "bin" / "python").exists():
+        raise UsageError(
+            f"--image {text!r}: {path}/bin/python does not exist: VENV is a Python "
+            "environment (python3 -m venv VENV; VENV/bin/pip install torch==2.13.0)"
+        )
+    return name, path
 
 
 def _backoff(text: str) -> tuple[float, float]:
@@ -248,6 +271,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         linger=args.linger,
         prometheus=args.prometheus,
         cluster_sets=args.cluster_sets,
+        images=dict(parse_image(t) for t in args.images),
     )
 
 

@@ -54,6 +54,7 @@ class RunConfig:
     linger: float = 0.0  # seconds the API server stays up after the end
     prometheus: bool = False  # run Debian's prometheus on the pods (localrun/prometheus.py)
     cluster_sets: list[str] = field(default_factory=list)  # --cluster-set, with --prometheus
+    images: dict[str, Path] = field(default_factory=dict)  # --image NAME=VENV
 
 
 class Interrupted(Exception):

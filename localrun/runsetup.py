@@ -181,14 +181,17 @@ class Setup(RunnerBase):
     ) -> Cluster:
         cfg = self.cfg
         path = [str(Path(sys.prefix) / "bin"), str(ROOT / ".venv" / "bin"), SYSTEM_PATH]
-        base_env = {"PATH": ":".join(path), "HOME": "/root", "LANG": "C.UTF-8", **api.env()}
+        base_env = {"HOME": "/root", "LANG": "C.UTF-8", **api.env()}
+        images = chart.images(ROOT, rendered.statefulsets, path, cfg.images, SYSTEM_PATH)
+        for name, venv in cfg.images.items():
+            self.event(f"image {name}: runs from {venv} (--image)")
         sources = VolumeSources(
             workdir=self.workdir,
             configmaps={n: podspec.configmap_data(o) for n, o in rendered.configmaps.items()},
             secrets={n: podspec.secret_data(o) for n, o in rendered.secrets.items()},
             service_accounts=rendered.service_accounts,
             serviceaccount_dir=api.serviceaccount_dir,
-            image_mounts=chart.image_mounts(ROOT),
+            images=images,
         )
         kubelet = KubeletConfig(
             workdir=self.workdir,

@@ -38,7 +38,7 @@ class PodEvents:
 class KubeletConfig:
     workdir: Path  # pod directories live under workdir/pods
     logdir: Path  # logs/<pod>/<container>.log
-    base_env: Mapping[str, str]  # what the image and the runtime set (PATH, KUBERNETES_*)
+    base_env: Mapping[str, str]  # what the runtime sets (KUBERNETES_*); an image adds its own
     backoff_base: float = 10.0
     backoff_cap: float = 300.0
 
@@ -178,7 +178,8 @@ class Kubelet:
         )
 
     def _spec(self, pod: Pod, c: Container) -> ContainerSpec:
-        base = {**self.cfg.base_env, "HOSTNAME": pod.name}
+        image = self.sources.images.resolve(c.image)
+        base = {**self.cfg.base_env, **image.env, "HOSTNAME": pod.name}
         containers = {x.name: x for x in pod.sts.init_containers + pod.sts.containers}
         env = podspec.resolve_env(
             c,

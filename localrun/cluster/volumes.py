@@ -2,7 +2,7 @@
 container. emptyDir: a directory per pod incarnation (medium Memory: a tmpfs of its
 sizeLimit); PVC: one directory per claim, shared; volumeClaimTemplates: one per pod, kept
 across recreation; configMap/secret/projected: their files; the service-account token;
-and the files an image would hold (`image_mounts`), since no image is unpacked here."""
+and the files an image holds (`images`: cluster/images.py), since no image is unpacked here."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from localrun.cluster import podspec
+from localrun.cluster.images import HostImage, Images
 from localrun.cluster.pod import Pod
 from localrun.cluster.podspec import SERVICEACCOUNT_PATH, Container, Volume
 from localrun.cluster.runtime import BindMount
@@ -28,7 +29,7 @@ class VolumeSources:
     secrets: Mapping[str, Mapping[str, str]]
     service_accounts: Mapping[str, Obj]
     serviceaccount_dir: Path | None  # token, ca.crt, namespace of the API server
-    image_mounts: tuple[BindMount, ...] = ()  # files of the image, in every container
+    images: Images = Images(HostImage({}))  # what each image is on this machine
 
 
 def mounts(pod: Pod, c: Container, src: VolumeSources) -> list[BindMount]:
@@ -49,7 +50,7 @@ def mounts(pod: Pod, c: Container, src: VolumeSources) -> list[BindMount]:
     wants_sa = podspec.wants_serviceaccount(pod.sts.pod_spec, src.service_accounts)
     if wants_sa and src.serviceaccount_dir and SERVICEACCOUNT_PATH not in targets:
         out.append(BindMount(str(src.serviceaccount_dir), SERVICEACCOUNT_PATH, True))
-    out += [m for m in src.image_mounts if m.target not in targets]
+    out += [m for m in src.images.resolve(c.image).mounts if m.target not in targets]
     return out
 
 

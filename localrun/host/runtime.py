@@ -69,7 +69,8 @@ def loopback_rewrite(
     other values (etcd's --name, the pod name itself)."""
     names = [(n, ips[0]) for n, ips in table.items() if ips and ".svc" in n]
     subs = sorted(names, key=lambda kv: -len(kv[0]))
-    subs += [(m.target, m.source) for m in mounts if m.source]
+    # The longest mount path first: /opt/elastic-worker-bundle before /opt/elastic-worker.
+    subs += sorted(((m.target, m.source) for m in mounts if m.source), key=lambda kv: -len(kv[0]))
 
     def fix(v: str) -> str:
         for a, b in subs:

@@ -196,6 +196,9 @@ replicas makes no Workload until it is scaled up. */ -}}
 {{- $v := .Values -}}
 {{- $w := $v.worker -}}
 {{- $seen := dict "init-topology" "the chart's init container" "worker" "the chart's worker container" -}}
+{{- if eq $w.entrypoint "injected" -}}
+{{- $_ := set $seen "inject-worker" "the chart's init container of worker.entrypoint=injected" -}}
+{{- end -}}
 {{- range $list := list "extraInitContainers" "extraContainers" -}}
 {{- range $i, $c := index $w $list -}}
 {{- if hasKey $seen $c.name -}}
@@ -208,7 +211,7 @@ replicas makes no Workload until it is scaled up. */ -}}
 {{- if not $w.automountServiceAccountToken -}}
 {{- fail (printf "worker.extraContainersWithToken[%d] is %q but worker.automountServiceAccountToken is false: no container gets the token; set it to true or empty the list" $i $name) -}}
 {{- end -}}
-{{- if or (not (hasKey $seen $name)) (has $name (list "init-topology" "worker")) -}}
+{{- if or (not (hasKey $seen $name)) (has $name (list "init-topology" "inject-worker" "worker")) -}}
 {{- fail (printf "worker.extraContainersWithToken[%d] is %q, which names no container of worker.extraInitContainers or worker.extraContainers: list only their names" $i $name) -}}
 {{- end -}}
 {{- end -}}

@@ -6,6 +6,9 @@ pod's life:
     pod.py           the pod's life: gate -> torchrun epoch after epoch -> end; its
                      services started and stopped by one owner (an ExitStack)
     exits.py         the exit codes
+    image.py         what the image must have (Python, torch), checked at the start
+    bundle.py        the worker injected into a user's image: the bundle's layout, and
+                     which of its processes sees which libraries
     settings/        every ELASTIC_* variable defined once (definitions.py, schema.py),
                      read into one Config (config.py, rendezvous.py, envfile.py)
     gate/            the readiness gate: its wait (wait.py), probes (probes.py), peer

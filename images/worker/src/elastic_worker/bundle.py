@@ -28,18 +28,16 @@ boot.py, which sets its own sys.path by role.
              image's python with the environment torchrun has, which holds nothing of ours.
 
 In the worker image there is no bundle (the packages are installed): `python -m MODULE`.
+The warm client imports this at every attempt (through warm/protocol.py): the standard
+library's lightest modules only.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import runpy
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 #: The roles (the module docstring says what each sees).
 WORKER = "worker"
@@ -56,41 +54,38 @@ TORCHRUN = "torch.distributed.run"
 
 @dataclass(frozen=True)
 class Bundle:
-    root: Path
+    root: str
 
     @property
-    def lib(self) -> Path:
-        return self.root / "lib"
+    def lib(self) -> str:
+        return os.path.join(self.root, "lib")
 
     @property
-    def deps(self) -> Path:
-        return self.root / "deps"
+    def deps(self) -> str:
+        return os.path.join(self.root, "deps")
 
     @property
-    def boot(self) -> Path:
-        return self.root / "bin" / "boot.py"
+    def boot(self) -> str:
+        return os.path.join(self.root, "bin", "boot.py")
 
     def paths(self, role: str) -> list[str]:
         """What a process of `role` sees ahead of the image's own path."""
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r} (one of {', '.join(ROLES)})")
-        return [str(self.lib), str(self.deps)] if role == WORKER else [str(self.lib)]
+        return [self.lib, self.deps] if role == WORKER else [self.lib]
 
     def owns(self, entry: str) -> bool:
-        return entry in (str(self.lib), str(self.deps))
-
-    def manifest(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads((self.root / MANIFEST).read_text())
-        return data
+        return entry in (self.lib, self.deps)
 
 
 def find(module_file: str = __file__) -> Bundle | None:
     """The bundle this module was loaded from (lib/elastic_worker/bundle.py under a root
     holding bundle.json), or None when elastic_worker is installed (the worker image, a venv)."""
-    lib = Path(module_file).resolve().parent.parent
-    if lib.name != "lib" or not (lib.parent / MANIFEST).is_file():
+    lib = os.path.dirname(os.path.dirname(os.path.realpath(module_file)))
+    root = os.path.dirname(lib)
+    if os.path.basename(lib) != "lib" or not os.path.isfile(os.path.join(root, MANIFEST)):
         return None
-    return Bundle(lib.parent)
+    return Bundle(root)
 
 
 BUNDLE = find()
@@ -100,7 +95,7 @@ def module_argv(python: str, module: str, role: str = WORKER) -> list[str]:
     """The argv that runs `python -m module` as a process of `role`."""
     if BUNDLE is None:
         return [python, "-m", module]
-    return [python, str(BUNDLE.boot), role, module]
+    return [python, BUNDLE.boot, role, module]
 
 
 def our_module(args: Sequence[str]) -> str | None:
@@ -145,11 +140,13 @@ def boot(argv: Sequence[str]) -> None:
     role, module, *args = argv
     lib = sys.path.pop(0)
     enter(role)
-    if str(lib) not in sys.path:  # no manifest (a broken copy): run from lib/ all the same
+    if lib not in sys.path:  # no manifest (a broken copy): run from lib/ all the same
         sys.path.insert(0, lib)
     if module == TORCHRUN:
         _torch_distributed_or_exit()
     sys.argv = [module, *args]
+    import runpy  # noqa: PLC0415 - only boot.py runs modules
+
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

@@ -12,6 +12,9 @@ GATE_TIMEOUT = 3
 #: The endpoint answers HTTP but lacks the etcd API of the rendezvous backend: v2 for
 #: etcd-v2 (etcd 3.6, --enable-v2=false), v3 for etcd-v3 (etcd before 3.4).
 NO_API = 4
+#: The image cannot run the worker: no python on PATH, Python or torch too old, torch
+#: without torch.distributed (image.py; an injected worker's bin/elastic-worker says it too).
+IMAGE = 5
 
 MEANINGS = {
     OK: "training succeeded, the job was already complete, or the pod was stopped after "
@@ -21,6 +24,9 @@ MEANINGS = {
     GATE_TIMEOUT: "the readiness gate timed out, or etcd failed after it",
     NO_API: "the endpoint lacks the etcd API of the rendezvous backend (v2 for etcd-v2, "
     "v3 for etcd-v3)",
+    IMAGE: "the image cannot run the worker: no python3 or python on PATH, Python older than "
+    "3.10, no torch or one older than 2.1, or torch without torch.distributed (one line "
+    "names it)",
 }
 
 

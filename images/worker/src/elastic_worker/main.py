@@ -9,13 +9,12 @@ main() turns them into one Config and the job's key store, once, then runs the p
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import signal
 import sys
 from collections.abc import Sequence
 
-from elastic_worker import exits, pod
+from elastic_worker import exits, image, pod
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.launch.supervisor import FORWARDED_SIGNALS
 from elastic_worker.settings import config
@@ -53,13 +52,10 @@ def _load(args: list[str]) -> tuple[config.Config, kvstore.KeyStore]:
         logger.error("%s", exc)
         raise exits.Exit(exits.CONFIG) from None
     setup_logging(cfg.debug)
-    if importlib.util.find_spec("torch") is None:
-        logger.error(
-            "torch is not installed for %s: build the image FROM a PyTorch image "
-            "(BASE_IMAGE) or install torch",
-            sys.executable,
-        )
-        raise exits.Exit(exits.CONFIG)
+    problem = image.problem()
+    if problem is not None:
+        logger.error("%s", problem)
+        raise exits.Exit(exits.IMAGE)
     return cfg, client
 
 

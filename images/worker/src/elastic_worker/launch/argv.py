@@ -10,6 +10,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
+from elastic_worker import bundle
 from elastic_worker.gate.netif import Choice
 from elastic_worker.launch.attempt_line import ATTEMPT_ARGV0, attempt_script
 from elastic_worker.settings.config import Config
@@ -93,9 +94,7 @@ def build_argv(
     `pwd` is PWD in torchrun's environment (attempt_script), `warm_socket` the warm
     server's (warm.py), if one runs."""
     argv = [
-        python,
-        "-m",
-        "torch.distributed.run",
+        *bundle.module_argv(python, bundle.TORCHRUN),
         f"--rdzv-backend={config.rdzv_backend}",
         f"--rdzv-endpoint={config.endpoint}",
         f"--rdzv-id={rdzv_id or config.job_id}",

@@ -13,6 +13,8 @@ import traceback
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 
+from elastic_worker import bundle
+
 
 def run_program(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
     """`python ARGV` in this process, from its environment on: returns the exit code
@@ -30,10 +32,12 @@ def run_program(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
         if args[0] == "-m":
             sys.argv = [args[1], *args[2:]]
             sys.path[0] = cwd
+            _libraries(args)
             runpy.run_module(args[1], run_name="__main__", alter_sys=True)
         else:
             sys.argv = list(args)
             sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+            _libraries(args)
             runpy.run_path(args[0], run_name="__main__")
     except SystemExit as exc:
         return _exit_code(exc.code)
@@ -48,6 +52,16 @@ def run_program(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
         sys.excepthook(type(exc), exc.with_traceback(trimmed), trimmed)
         return 1
     return 0
+
+
+def _libraries(args: Sequence[str]) -> None:
+    """An injected worker's libraries (bundle.py): a module of ours (the lifelines' helper)
+    gets them ahead of the image's; the user's program gets the image's path alone, as
+    `python -u` would have it (the server itself runs with the bundle's lib/)."""
+    if bundle.our_module(args) is not None:
+        bundle.enter(bundle.WORKER)
+    else:
+        sys.path[1:] = bundle.user_path(sys.path[1:])
 
 
 def _exit_code(code: object) -> int:

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
+from elastic_worker import bundle
 from elastic_worker.warm import protocol
 
 #: Signals passed on to the child. SIGKILL and SIGSTOP cannot be caught; SIGCHLD, SIGTSTP
@@ -44,7 +45,8 @@ def cold(command: Sequence[str], why: str) -> None:
     """Run the command as torchrun would have, in this process: it never returns."""
     sys.stderr.write(f"elastic-worker warm start: {why}; starting cold\n")
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, *command])
+    argv = bundle.python_argv(sys.executable, command)  # a module of ours needs the bundle
+    os.execv(argv[0], argv)
 
 
 def _end_like(status: int) -> None:

@@ -14,6 +14,8 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from elastic_worker import bundle
+
 SERVER_MODULE = "elastic_worker.warm.server"
 CLIENT_MODULE = "elastic_worker.warm.client"
 HEADER = struct.Struct("!I")
@@ -30,7 +32,7 @@ def warm_command(program: Sequence[str], python: str, socket_path: str) -> list[
         return None
     if program[2].startswith("-") and program[2] != "-m":
         return None
-    return [python, "-m", CLIENT_MODULE, socket_path, *program[1:]]
+    return [*bundle.module_argv(python, CLIENT_MODULE, bundle.WARM), socket_path, *program[1:]]
 
 
 @dataclass

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastic_worker import bundle
 from elastic_worker.warm import child, protocol
 
 logger = logging.getLogger("elastic_worker.warm.server")
@@ -209,7 +210,7 @@ def start(python: str, preload: Sequence[str], env: Mapping[str, str]) -> Handle
     directory = Path(tempfile.mkdtemp(prefix="elastic-warm-"))  # 0700: ours alone
     path = str(directory / "socket")
     proc = subprocess.Popen(
-        [python, "-m", protocol.SERVER_MODULE, path, ",".join(preload)],
+        [*bundle.module_argv(python, protocol.SERVER_MODULE, bundle.WARM), path, ",".join(preload)],
         env=dict(env),
         stdin=subprocess.DEVNULL,
         start_new_session=True,

@@ -20,12 +20,14 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from elastic_worker import bundle
 from elastic_worker.recovery import leave, rendezvous
 from elastic_worker.recovery.lifelines import messages
 from elastic_worker.recovery.lifelines.messages import HelperError
 from elastic_worker.settings import config
 from elastic_worker.settings.config import Config
 from elastic_worker.torchcompat import RdzvNode
+from elastic_worker.warm.protocol import CLIENT_MODULE
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +88,8 @@ class HelperClient:
     request."""
 
     def __init__(self, socket_path: str, rdzv_id: str) -> None:
-        self._argv = [sys.executable, "-m", "elastic_worker.warm.client", socket_path]
+        client = bundle.module_argv(sys.executable, CLIENT_MODULE, bundle.WARM)
+        self._argv = [*client, socket_path]
         self._argv += ["-m", "elastic_worker.recovery.lifelines.helper", "ops", rdzv_id]
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
