@@ -104,14 +104,15 @@ def images(
     venv) with the worker image's examples at their path; the image the inject-worker init
     container runs (init-topology's) holds the bundle there too, built from the checkout
     (cached) when a pod injects it. An image `mapped` names (`--image NAME=VENV`) runs from
-    that environment, VENV/bin first on PATH, and holds nothing of the project's."""
+    that environment, VENV/bin first on PATH, and holds nothing of the project's. (The
+    init-topology image holds no examples: the worker image does.)"""
     examples = root / EXAMPLES_SOURCE
     shown = (BindMount(str(examples), IMAGE_EXAMPLES, True),) if examples.is_dir() else ()
     ours = HostImage({"PATH": ":".join(ours_path)}, shown)
     named: dict[str, HostImage] = {}
     for c in _init_containers(statefulsets, INJECT_CONTAINER):
         bundle = BindMount(str(worker_bundle(root)), BUNDLE_IMAGE_PATH, True)
-        named[str(c.get("image", ""))] = HostImage(ours.env, (*ours.mounts, bundle))
+        named[str(c.get("image", ""))] = HostImage(ours.env, (bundle,))
     for name, venv in mapped.items():
         named[name] = HostImage({"PATH": f"{venv / 'bin'}:{system_path}"})
     return Images(ours, named)

@@ -50,8 +50,14 @@ def mounts(pod: Pod, c: Container, src: VolumeSources) -> list[BindMount]:
     wants_sa = podspec.wants_serviceaccount(pod.sts.pod_spec, src.service_accounts)
     if wants_sa and src.serviceaccount_dir and SERVICEACCOUNT_PATH not in targets:
         out.append(BindMount(str(src.serviceaccount_dir), SERVICEACCOUNT_PATH, True))
-    out += [m for m in src.images.resolve(c.image).mounts if m.target not in targets]
+    # A volume mounted at or above a path of the image hides the image's files there.
+    out += [m for m in src.images.resolve(c.image).mounts if not _under(m.target, targets)]
     return out
+
+
+def _under(path: str, targets: set[str]) -> bool:
+    parts = path.rstrip("/").split("/")
+    return any("/".join(parts[:n]) in targets for n in range(2, len(parts) + 1))
 
 
 def _source(pod: Pod, vol: Volume, src: VolumeSources) -> tuple[Path, str]:
