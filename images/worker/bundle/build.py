@@ -135,11 +135,9 @@ def build(dest: Path, python: str = sys.executable) -> Path:
         out = work / "bundle"
         copies = work / "src"
         copies.mkdir()
-        _pip(python, "--target", str(out / "lib"), *(str(_copy_source(s, copies)) for s in sources))
-        if pins:
-            _pip(python, "--target", str(out / "deps"), *pins)
-        else:
-            (out / "deps").mkdir()
+        built = [str(_copy_source(s, copies)) for s in sources]
+        _pip(python, "--target", str(out / "lib"), built[0])
+        _pip(python, "--target", str(out / "deps"), *built[1:], *pins)
         for site in ("lib", "deps"):
             shutil.rmtree(out / site / "bin", ignore_errors=True)  # console scripts of `python`
         shutil.copytree(HERE / "bin", out / "bin")

@@ -137,7 +137,7 @@ def main(
     destroy_process_group()
 
 
-if __name__ == "__main__":
+def cli() -> None:
     parser = argparse.ArgumentParser(description="simple distributed training job")
     parser.add_argument("total_epochs", type=int, help="Total epochs to train the model")
     parser.add_argument("save_every", type=int, help="How often to save a snapshot")
@@ -148,3 +148,7 @@ if __name__ == "__main__":
     main(
         args.save_every, args.total_epochs, args.batch_size, args.snapshot_path, args.epoch_seconds
     )
+
+
+if __name__ == "__main__":
+    cli()

@@ -5,10 +5,10 @@ It is built by images/worker/bundle/build.py:
 
     bin/elastic-worker   the container's command (POSIX sh): the image's python, its version
     bin/boot.py          runs one module of ours with the libraries of its role (boot())
-    lib/                 elastic_worker and torch_etcd_v3, with their dist-info (the etcd-v3
-                         backend's `torchrun.handlers` entry point): names of ours alone
-    deps/                python-etcd, urllib3, dnspython, prometheus-client at the worker's
-                         pins (images/worker/pyproject.toml)
+    lib/                 elastic_worker alone
+    deps/                torch_etcd_v3 (the etcd-v3 backend, with the dist-info that holds its
+                         `torchrun.handlers` entry point), python-etcd, urllib3, dnspython and
+                         prometheus-client at the worker's pins (images/worker/pyproject.toml)
     examples/            the reference train.py, at the worker image's path
     bundle.json          what it holds and what it needs (Python, torch)
 
@@ -21,9 +21,10 @@ boot.py, which sets its own sys.path by role.
              etcd-v2 handler imports python-etcd; the etcd-v3 handler is found through
              torch_etcd_v3's entry point), the lifelines' helper (a warm child, enter())
     WARM     lib/ ahead of the image's path: the warm server and its client, standard library
-             and elastic_worker only. The server's children that become the user's program
-             get the image's path alone (user_path()), the one `python -u` would have; its
-             preloads (torch...) come from the image as they would.
+             and elastic_worker only. Not deps/: the server's preloads import torch's
+             rendezvous registry, which imports every `torchrun.handlers` entry point it can
+             see, and its children become the user's program, which must find none of ours.
+             Those children get the image's path alone (user_path()), as `python -u` would.
     (none)   the training processes torchrun starts, cold: the attempt shim (sh) execs the
              image's python with the environment torchrun has, which holds nothing of ours.
 
