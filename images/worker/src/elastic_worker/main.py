@@ -19,7 +19,9 @@ from elastic_worker.keystore import interface as kvstore
 from elastic_worker.launch.supervisor import FORWARDED_SIGNALS
 from elastic_worker.settings import config
 
-logger = logging.getLogger(__name__)
+# Named, not __name__: run as a module (the injected worker's boot.py) this is __main__,
+# whose lines would miss the `elastic-worker:` handler.
+logger = logging.getLogger("elastic_worker.main")
 
 
 def setup_logging(debug: bool = False) -> None:
