@@ -22,7 +22,7 @@ DOCKERFILES = {
     "init-topology": ROOT / "images" / "init-topology" / "Dockerfile",
     "worker": ROOT / "images" / "worker" / "Dockerfile",
 }
-CONTEXTS = {"init-topology": ROOT / "images" / "init-topology", "worker": ROOT}
+CONTEXTS = {"init-topology": ROOT, "worker": ROOT}
 OCI = ("title", "description", "source", "licenses", "version", "revision")
 
 
