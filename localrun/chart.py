@@ -130,7 +130,9 @@ def _init_containers(statefulsets: Iterable[Obj], name: str) -> list[Obj]:
 def worker_bundle(root: Path) -> Path:
     """The injected worker's bundle of this checkout, as the init-topology image's build
     makes it (images/worker/bundle/build.py), built once per content."""
-    spec = importlib.util.spec_from_file_location("elastic_worker_bundle_build", root / BUNDLE_BUILDER)
+    spec = importlib.util.spec_from_file_location(
+        "elastic_worker_bundle_build", root / BUNDLE_BUILDER
+    )
     assert spec is not None and spec.loader is not None
     builder = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(builder)

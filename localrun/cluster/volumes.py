@@ -7,7 +7,7 @@ and the files an image holds (`images`: cluster/images.py), since no image is un
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ class VolumeSources:
     secrets: Mapping[str, Mapping[str, str]]
     service_accounts: Mapping[str, Obj]
     serviceaccount_dir: Path | None  # token, ca.crt, namespace of the API server
-    images: Images = Images(HostImage({}))  # what each image is on this machine
+    images: Images = field(default_factory=lambda: Images(HostImage({})))  # each image here
 
 
 def mounts(pod: Pod, c: Container, src: VolumeSources) -> list[BindMount]:

@@ -67,17 +67,26 @@ def test_the_bundle_is_where_the_init_topology_image_puts_it() -> None:
 
 def test_injected_extra_init_containers_run_after_the_injection() -> None:
     sts = render_sts(
-        sets=[*INJECTED, "worker.extraInitContainers[0].name=warmup",
-              "worker.extraInitContainers[0].image=busybox:1.36"]  # fmt: skip
+        sets=[
+            *INJECTED,
+            "worker.extraInitContainers[0].name=warmup",
+            "worker.extraInitContainers[0].image=busybox:1.36",
+        ]
     )
     assert _init_names(sts) == ["init-topology", "inject-worker", "warmup"]
 
 
 def test_an_extra_init_container_may_not_take_the_injections_name() -> None:
-    sets = [*INJECTED, "worker.extraInitContainers[0].name=inject-worker",
-            "worker.extraInitContainers[0].image=busybox:1.36"]  # fmt: skip
+    sets = [
+        *INJECTED,
+        "worker.extraInitContainers[0].name=inject-worker",
+        "worker.extraInitContainers[0].image=busybox:1.36",
+    ]
     err = render_error(ELASTIC_JOB, sets=sets)
-    assert 'worker.extraInitContainers[0].name "inject-worker" is already the chart\'s init container' in str(err)
+    assert (
+        'worker.extraInitContainers[0].name "inject-worker" is already the chart\'s init container'
+        in str(err)
+    )
     # With the worker image nothing is injected: the name is free.
     assert "inject-worker" in _init_names(render_sts(sets=sets[2:]))
 

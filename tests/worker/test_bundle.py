@@ -13,11 +13,11 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tomllib
 from elastic_worker import bundle, exits, image, torchcompat
 from elastic_worker.warm import child
 from testlib import ROOT
@@ -63,10 +63,15 @@ def pod(built: Path, tmp_path: Path) -> Path:
     dest.mkdir()
     dest.chmod(0o777)  # as the kubelet makes an emptyDir
     done = subprocess.run(
-        ["sh", str(built / "bin" / "inject"), str(dest)], capture_output=True, text=True
+        ["sh", str(built / "bin" / "inject"), str(dest)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert re.fullmatch(r"inject-worker: elastic-worker copied into \S+ \(\d+ files, \d+ KiB\)\n", done.stdout)
+    assert re.fullmatch(
+        r"inject-worker: elastic-worker copied into \S+ \(\d+ files, \d+ KiB\)\n", done.stdout
+    )
     return dest
 
 
@@ -88,6 +93,7 @@ print(json.dumps({
 def _run(argv: list[str], venv: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         argv,
+        check=False,
         capture_output=True,
         text=True,
         timeout=60,
@@ -121,10 +127,14 @@ def test_the_bundle_holds_the_worker_and_its_pins_and_no_bytecode(built: Path) -
     assert not list(built.rglob("__pycache__")) and not list(built.rglob("*.pyc"))
     assert (built / "examples" / "train.py").is_file()
     # What it needs, as elastic_worker says it: the sh entrypoint's numbers are the same.
-    assert manifest["requires"]["python"] == ">=%d.%d" % image.MIN_PYTHON
-    assert manifest["requires"]["torch"] == ">=%d.%d" % image.MIN_TORCH
-    assert image.MIN_TORCH == tuple(int(x) for x in torchcompat.READ_FROM[0].split(".")[:2])
-    assert manifest["requires"]["python_requires"] == ">=%d.%d" % image.MIN_PYTHON
+    floor = {
+        k: ">=" + ".".join(map(str, v))
+        for k, v in (("py", image.MIN_PYTHON), ("torch", image.MIN_TORCH))
+    }
+    assert manifest["requires"]["python"] == floor["py"]
+    assert manifest["requires"]["torch"] == floor["torch"]
+    assert tuple(int(x) for x in torchcompat.READ_FROM[0].split(".")[:2]) == image.MIN_TORCH
+    assert manifest["requires"]["python_requires"] == floor["py"]
     sh = (built / "bin" / "elastic-worker").read_text()
     assert f"MIN_PYTHON={'.'.join(map(str, image.MIN_PYTHON))}\n" in sh
     assert f"IMAGE_EXIT={exits.IMAGE}\n" in sh
@@ -145,8 +155,11 @@ def test_the_workers_own_processes_see_the_bundles_libraries_ahead_of_the_images
     image's) and the etcd-v3 handler's entry point."""
     (tmp_path / "probe.py").write_text(PROBE)
     seen = _seen(
-        _run(["python3", str(pod / "bin/boot.py"), "worker", "probe"], image_venv,
-             PYTHONPATH=str(tmp_path))  # fmt: skip
+        _run(
+            ["python3", str(pod / "bin/boot.py"), "worker", "probe"],
+            image_venv,
+            PYTHONPATH=str(tmp_path),
+        )
     )
     manifest = json.loads((pod / "bundle.json").read_text())
     assert seen["urllib3"] == manifest["deps"]["urllib3"] != USER_URLLIB3
@@ -161,8 +174,11 @@ def test_the_warm_server_sees_none_of_the_bundles_libraries(
     entry point in reach (torch's registry does), and its children are the user's."""
     (tmp_path / "probe.py").write_text(PROBE)
     seen = _seen(
-        _run(["python3", str(pod / "bin/boot.py"), "warm", "probe"], image_venv,
-             PYTHONPATH=str(tmp_path))  # fmt: skip
+        _run(
+            ["python3", str(pod / "bin/boot.py"), "warm", "probe"],
+            image_venv,
+            PYTHONPATH=str(tmp_path),
+        )
     )
     assert seen["urllib3"] == USER_URLLIB3
     assert (seen["etcd"], seen["torch_etcd_v3"], seen["handlers"]) == (False, False, [])
@@ -172,7 +188,14 @@ def test_the_warm_server_sees_none_of_the_bundles_libraries(
 def warm_server(pod: Path, image_venv: Path, tmp_path: Path) -> Iterator[str]:
     socket_path = str(tmp_path / "socket")
     server = subprocess.Popen(
-        ["python3", str(pod / "bin/boot.py"), "warm", "elastic_worker.warm.server", socket_path, ""],
+        [
+            "python3",
+            str(pod / "bin/boot.py"),
+            "warm",
+            "elastic_worker.warm.server",
+            socket_path,
+            "",
+        ],
         env={"PATH": f"{image_venv}/bin:{SYSTEM_PATH}"},
         stderr=subprocess.PIPE,
         text=True,
@@ -200,10 +223,17 @@ def test_the_users_script_sees_the_images_libraries_only(
     script.write_text(PROBE)
     socket_path = warm_server if start == "warm" else str(tmp_path / "no-server")
     done = _run(
-        ["python3", str(pod / "bin/boot.py"), "warm", "elastic_worker.warm.client",
-         socket_path, "-u", str(script)],
+        [
+            "python3",
+            str(pod / "bin/boot.py"),
+            "warm",
+            "elastic_worker.warm.client",
+            socket_path,
+            "-u",
+            str(script),
+        ],
         image_venv,
-    )  # fmt: skip
+    )
     seen = _seen(done)
     assert ("starting cold" in done.stderr) is (start == "cold"), done.stderr
     assert seen == {
@@ -231,16 +261,28 @@ def test_a_warm_child_of_ours_gets_the_bundles_libraries_and_the_users_program_d
     assert sys.path == ["/script", "/image/site-packages"]
     # A cold start of ours goes through boot.py with the worker's libraries, the user's not.
     assert bundle.python_argv("/py", ["-m", "elastic_worker.x", "a"]) == [
-        "/py", "/b/bin/boot.py", "worker", "elastic_worker.x", "a",
-    ]  # fmt: skip
+        "/py",
+        "/b/bin/boot.py",
+        "worker",
+        "elastic_worker.x",
+        "a",
+    ]
     assert bundle.python_argv("/py", ["-u", "train.py"]) == ["/py", "-u", "train.py"]
 
 
 def test_without_a_bundle_every_module_runs_with_python_m() -> None:
     """The worker image (and this venv): elastic_worker is installed, nothing is injected."""
     assert bundle.BUNDLE is None
-    assert bundle.module_argv("/py", "torch.distributed.run") == ["/py", "-m", "torch.distributed.run"]
-    assert bundle.python_argv("/py", ["-m", "elastic_worker.x"]) == ["/py", "-m", "elastic_worker.x"]
+    assert bundle.module_argv("/py", "torch.distributed.run") == [
+        "/py",
+        "-m",
+        "torch.distributed.run",
+    ]
+    assert bundle.python_argv("/py", ["-m", "elastic_worker.x"]) == [
+        "/py",
+        "-m",
+        "elastic_worker.x",
+    ]
 
 
 # -- an image that cannot run it ---------------------------------------------------------
@@ -249,10 +291,16 @@ def test_without_a_bundle_every_module_runs_with_python_m() -> None:
 def test_no_python_on_path_is_one_line_and_exit_5(pod: Path) -> None:
     done = subprocess.run(
         ["/bin/sh", str(pod / "bin/elastic-worker"), "python", "train.py"],
-        capture_output=True, text=True, env={"PATH": "/nonexistent"},
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/nonexistent"},
+    )
     assert done.returncode == exits.IMAGE == 5
-    assert done.stderr.startswith("elastic-worker: no python3 or python on PATH (/nonexistent): the image must have Python >= 3.10 with torch (docs/own-image.md)")
+    assert done.stderr.startswith(
+        "elastic-worker: no python3 or python on PATH (/nonexistent): the image must have "
+        "Python >= 3.10 with torch (docs/own-image.md)"
+    )
     assert len(done.stderr.splitlines()) == 1, done.stderr
 
 
@@ -263,14 +311,16 @@ def test_a_python_older_than_the_floor_is_named_with_its_version(pod: Path, tmp_
     bindir.mkdir()
     old = bindir / "python3"
     old.write_text(
-        "#!/bin/sh\n"
-        'case "$2" in *version_info\\[:2\\]*) exit 1;; *) echo 3.8.10;; esac\n'
+        '#!/bin/sh\ncase "$2" in *version_info\\[:2\\]*) exit 1;; *) echo 3.8.10;; esac\n'
     )
     old.chmod(0o755)
     done = subprocess.run(
         ["/bin/sh", str(pod / "bin/elastic-worker"), "python", "train.py"],
-        capture_output=True, text=True, env={"PATH": f"{bindir}:/bin"},
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{bindir}:/bin"},
+    )
     assert done.returncode == exits.IMAGE
     assert done.stderr == (
         f"elastic-worker: {old} is Python 3.8.10: the injected worker needs Python >= 3.10 "
@@ -310,14 +360,23 @@ def test_an_image_without_a_usable_torch_is_one_line_and_exit_5(
     """Read without importing torch: its version from torch/version.py (an NGC build's
     string included), its torchrun from the file."""
     venv = tmp_path / "venv"
-    subprocess.run([shutil.which("python3", path=SYSTEM_PATH) or "python3", "-m", "venv",
-                    "--without-pip", str(venv)], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            shutil.which("python3", path=SYSTEM_PATH) or "python3",
+            "-m",
+            "venv",
+            "--without-pip",
+            str(venv),
+        ],
+        check=True,
+    )
     (site,) = venv.glob("lib/python3*/site-packages")
     for name, text in torch_files.items():
         (site / "torch").mkdir(exist_ok=True)
         (site / "torch" / name).write_text(text)
-    done = _run(["/bin/sh", str(pod / "bin/elastic-worker"), "python", "train.py"], venv,
-                **WORKER_ENV)  # fmt: skip
+    done = _run(
+        ["/bin/sh", str(pod / "bin/elastic-worker"), "python", "train.py"], venv, **WORKER_ENV
+    )
     assert done.returncode == exits.IMAGE, done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1, done.stderr

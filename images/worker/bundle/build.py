@@ -25,8 +25,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -89,7 +90,9 @@ def inputs_digest() -> str:
 
 
 def _kept(path: Path) -> bool:
-    return not any(part in ("__pycache__", "build") or part.endswith(".egg-info") for part in path.parts)
+    return not any(
+        part in ("__pycache__", "build") or part.endswith(".egg-info") for part in path.parts
+    )
 
 
 def _pip(python: str, *args: str) -> None:
@@ -113,9 +116,7 @@ def _versions(site: Path) -> dict[str, str]:
     out = {}
     for info in sorted(site.glob("*.dist-info")):
         meta = (info / "METADATA").read_text(errors="replace")
-        fields = dict(
-            line.split(": ", 1) for line in meta.splitlines()[:10] if ": " in line
-        )
+        fields = dict(line.split(": ", 1) for line in meta.splitlines()[:10] if ": " in line)
         out[fields.get("Name", info.name)] = fields.get("Version", "")
     return out
 
@@ -143,7 +144,10 @@ def build(dest: Path, python: str = sys.executable) -> Path:
         shutil.copytree(HERE / "bin", out / "bin")
         shutil.copytree(EXAMPLES, out / "examples", ignore=shutil.ignore_patterns("__pycache__"))
         manifest = {
-            "requires": {**_needs(python, out / "lib"), "python_requires": _requires_python(sources)},
+            "requires": {
+                **_needs(python, out / "lib"),
+                "python_requires": _requires_python(sources),
+            },
             "lib": _versions(out / "lib"),
             "deps": _versions(out / "deps"),
         }
@@ -166,7 +170,9 @@ def _needs(python: str, lib: Path) -> dict[str, object]:
         "print(json.dumps({'python': '>=%d.%d' % image.MIN_PYTHON, "
         "'torch': '>=%d.%d' % image.MIN_TORCH, 'exit_code': exits.IMAGE}))"
     )
-    done = subprocess.run([python, "-I", "-c", code, str(lib)], capture_output=True, text=True)
+    done = subprocess.run(
+        [python, "-I", "-c", code, str(lib)], capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         sys.exit(f"build-bundle: the bundle's elastic_worker does not import:\n{done.stderr}")
     needs: dict[str, object] = json.loads(done.stdout)

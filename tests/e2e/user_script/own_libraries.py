@@ -12,10 +12,9 @@ import os
 import sys
 from importlib import metadata
 
+import multinode
 import torch
 import urllib3
-
-import multinode
 
 #: The worker's own libraries (its bundle's deps/ and lib/): none may be importable here.
 WORKERS = ("etcd", "dns", "prometheus_client", "torch_etcd_v3")
@@ -27,7 +26,9 @@ def seen() -> dict[str, object]:
         "torch": torch.__file__,
         "urllib3": [urllib3.__version__, urllib3.__file__],
         "workers_libraries": [m for m in WORKERS if importlib.util.find_spec(m) is not None],
-        "torchrun_handlers": sorted(e.name for e in metadata.entry_points(group="torchrun.handlers")),
+        "torchrun_handlers": sorted(
+            e.name for e in metadata.entry_points(group="torchrun.handlers")
+        ),
         "sys_path": sys.path,
         "PYTHONPATH": os.environ.get("PYTHONPATH"),
     }

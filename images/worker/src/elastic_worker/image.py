@@ -65,7 +65,10 @@ def problem() -> str | None:
     version = torch_version(root)
     found = _VERSION.match(version or "")
     if found is None:
-        return f"cannot tell the version of torch at {root}: the worker needs torch >= {_floor(MIN_TORCH)}"
+        return (
+            f"cannot tell the version of torch at {root}: the worker needs torch >= "
+            f"{_floor(MIN_TORCH)}"
+        )
     if (int(found.group(1)), int(found.group(2))) < MIN_TORCH:
         return (
             f"torch {version} at {root} is too old: the worker needs torch >= "
