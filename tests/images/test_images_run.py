@@ -126,3 +126,55 @@ def test_the_worker_image_trains_a_one_node_job_and_has_the_v3_backend(tmp_path:
     )  # fmt: skip
     assert handlers.returncode == 0, handlers.stderr
     assert "etcd-v3" in handlers.stdout, handlers.stdout
+
+
+def test_the_injected_worker_trains_in_an_image_we_did_not_build(tmp_path: Path) -> None:
+    """worker.entrypoint=injected, as the chart runs it: init-topology's image copies the
+    bundle into an emptyDir (inject-worker, uid 65532, the pod's fsGroup), then a plain
+    Python + torch image (the worker's stand-in base: nothing of ours in it) runs
+    `/bin/sh /opt/elastic-worker/bin/elastic-worker python .../train.py` as another uid in
+    that group, against a real etcd; and that image without torch's Python exits 5 in one line."""
+    init = build("init-topology", "--init-base", INIT_BASE)
+    pod = tmp_path / "elastic-worker"
+    pod.mkdir()
+    os.chown(pod, 0, 65532)
+    pod.chmod(0o2775)  # an emptyDir with fsGroup 65532: group-owned, setgid
+    done = run(
+        init, "/opt/elastic-worker", env={}, mounts=[f"{pod}:/opt/elastic-worker"],
+        entrypoint="/opt/elastic-worker-bundle/bin/inject",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "inject-worker: elastic-worker copied into /opt/elastic-worker" in done.stdout
+    etcd = start_etcd(tmp_path / "etcd")
+    try:
+        trained = subprocess.run(
+            [*PODMAN, "run", "--rm", "--network=host", "--read-only", "--cap-drop=ALL",
+             "--security-opt=no-new-privileges", "--tmpfs=/tmp", "--user=10001:10001",
+             "--group-add=65532", "-v", f"{pod}:/opt/elastic-worker",
+             "-e", "ELASTIC_JOB_ID=inject-test", "-e", f"ELASTIC_RDZV_ENDPOINT={etcd.endpoint}",
+             "-e", "ELASTIC_MIN_NODES=1", "-e", "ELASTIC_MAX_NODES=1",
+             "-e", "ELASTIC_INJECT_ENV=/dev/null", "-e", "ELASTIC_LOCAL_ADDR=127.0.0.1",
+             "-e", "GLOO_SOCKET_IFNAME=lo", "-e", "POD_NAME=inject-test-0", "-e", "HOME=/tmp",
+             "--entrypoint", "/bin/sh", WORKER_BASE, "/opt/elastic-worker/bin/elastic-worker",
+             "python", "/opt/elastic-worker/examples/train.py", "--steps", "3",
+             "--checkpoint-dir", "/tmp/ckpt"],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+    finally:
+        etcd.stop()
+    out = trained.stdout + trained.stderr
+    assert trained.returncode == 0, out[-4000:]
+    assert "[train] done" in out
+    assert "/opt/elastic-worker/bin/boot.py worker torch.distributed.run" in out
+    # The image's python wrote the bundle's bytecode (the group lets it): later starts skip it.
+    assert list(pod.rglob("__pycache__/*.pyc")), "no bytecode written"
+    # The init-topology image's own python has no torch: one line, exit 5.
+    no_torch = run(
+        init, "/opt/elastic-worker/bin/elastic-worker", "python", "x.py",
+        env={"ELASTIC_JOB_ID": "x", "ELASTIC_RDZV_ENDPOINT": "127.0.0.1:1",
+             "ELASTIC_MIN_NODES": "1", "ELASTIC_MAX_NODES": "1",
+             "ELASTIC_INJECT_ENV": "/dev/null", "POD_NAME": "x-0"},
+        mounts=[f"{pod}:/opt/elastic-worker:ro"], entrypoint="/bin/sh",
+    )  # fmt: skip
+    assert no_torch.returncode == 5, no_torch.stderr
+    assert no_torch.stderr.count("\n") == 1 and "torch is not installed for" in no_torch.stderr
