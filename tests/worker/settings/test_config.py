@@ -213,8 +213,9 @@ def test_the_console_script_prints_one_line_and_exits_2(tmp_path: Path) -> None:
     ], result.stderr
 
 
-def test_a_python_without_torch_is_a_bad_setting() -> None:
-    """The entrypoint under an interpreter that cannot import torch (system python)."""
+def test_a_python_without_torch_is_an_image_that_cannot_run_the_worker() -> None:
+    """The entrypoint under an interpreter that cannot import torch (system python): exit 5,
+    exits.IMAGE (elastic_worker/image.py), not a setting."""
     python = "/usr/bin/python3"
     probe = subprocess.run([python, "-c", "import torch"], capture_output=True, check=False)
     if probe.returncode == 0:
@@ -229,8 +230,8 @@ def test_a_python_without_torch_is_a_bad_setting() -> None:
         text=True,
         timeout=30,
     )
-    assert result.returncode == 2, result.stderr
-    assert f"torch is not installed for {python}" in result.stderr
+    assert result.returncode == 5, result.stderr
+    assert f"elastic-worker: torch is not installed for {python}" in result.stderr
 
 
 def test_the_backend_defaults_to_etcd_v2_and_takes_etcd_v3() -> None:
