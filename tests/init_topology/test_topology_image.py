@@ -30,8 +30,12 @@ def test_dockerfile_pins_its_base_runs_as_65532_and_needs_no_writable_root() -> 
     text = (IMAGE / "Dockerfile").read_text()
     base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.MULTILINE)
     assert base and re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", base.group(1))
-    bases = re.findall(r"^FROM\s+(\S+)", text, re.MULTILINE)
-    assert bases and all(b == "${BASE_IMAGE}" for b in bases)  # one base, overridable
+    # One base, overridable: every stage is FROM it or FROM a stage named before it.
+    stages: set[str] = set()
+    for base, name in re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.MULTILINE):
+        assert base == "${BASE_IMAGE}" or base in stages, f"FROM {base}: not the pinned base"
+        stages.add(name)
+    assert stages
     assert re.search(r"^USER 65532:65532$", text, re.MULTILINE)
     assert "PYTHONDONTWRITEBYTECODE=1" in text
     assert re.search(r'^ENTRYPOINT \["init-topology"\]$', text, re.MULTILINE)
