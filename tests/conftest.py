@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from testlib import HELMS, ROOT, EtcdServer, build_chart_dependencies, start_etcd
+
+EXTENDED = "ELASTIC_TEST_EXTENDED"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Variants marked `extended` run only when asked: CI keeps a representative subset."""
+    if os.environ.get(EXTENDED) == "1":
+        return
+    skip = pytest.mark.skip(reason=f"an extended variant: set {EXTENDED}=1 to run it")
+    for item in items:
+        if "extended" in item.keywords:
+            item.add_marker(skip)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
