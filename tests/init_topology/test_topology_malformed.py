@@ -15,15 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from init_topology import main as entrypoint
-from init_topology.mapping import (
-    EFA_RESOURCE,
-    GPU_COUNT,
-    GPU_MODEL,
-    INSTANCE_TYPE,
-    NFD_RDMA_LABELS,
-    REGION,
-    ZONE,
-)
+from init_topology.fabric import EFA_RESOURCE, NFD_RDMA_LABELS
+from init_topology.mapping import GPU_COUNT, GPU_MODEL, INSTANCE_TYPE, REGION, ZONE
 
 from localrun.cluster.nodes import load_node
 

@@ -1,7 +1,7 @@
 """Pure mapping: a Node (the API's JSON as a dict) -> the ordered variables to write.
 
 No I/O here: each function takes plain data and returns plain data, so every rule is tested
-on fixtures without a cluster.
+on fixtures without a cluster. The fabric rule is fabric.py; quantities, quantity.py.
 
 Conventions: variables with a closed set of values (NODE_CAPACITY_TYPE, NODE_FABRIC) say
 `unknown` when the Node does not tell; free-text variables are empty then.
@@ -12,18 +12,18 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from decimal import Context, Decimal
 from typing import Any
 
 from init_topology.config import Config
 from init_topology.envfile import check_value
+from init_topology.fabric import UNKNOWN, fabric
+from init_topology.quantity import whole
 
 log = logging.getLogger(__name__)
 
 Variables = dict[str, str]
 Node = Mapping[str, Any]
 
-UNKNOWN = "unknown"
 SPOT = "spot"
 ON_DEMAND = "on-demand"
 FABRICS = ("infiniband", "efa", "roce", "ethernet")
@@ -41,51 +41,6 @@ GPU_MODEL = (
 )
 GPU_COUNT = ("nvidia.com/gpu.count", "karpenter.k8s.aws/instance-gpu-count")
 GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-
-# Fabric evidence (see `fabric`).
-#: Device-plugin domains whose resources are RDMA devices: the RDMA shared device plugin
-#: (k8s-rdma-shared-dev-plugin, the NVIDIA Network Operator's rdmaSharedDevicePlugin:
-#: rdma/rdma_shared_device_a, rdma/hca_shared_devices_a, rdma/ib, ...).
-RDMA_RESOURCE_DOMAINS = frozenset({"rdma"})
-#: Name tokens that make any resource an RDMA device (nvidia.com/rdma_sriov on OKE,
-#: networking.gke.io.networks/rdma-0 on GKE, nvidia.com/sriov_roce, .../mlnx_ib_sriov).
-RDMA_TOKENS = frozenset({"rdma", "ib", "infiniband", "roce", "hca"})
-#: The NVIDIA Network Operator's own resource domains: its host-device resource
-#: (nvidia.com/hostdev: whole Mellanox NICs, selected with isRdma) is an RDMA device.
-NETWORK_OPERATOR_DOMAINS = frozenset({"nvidia.com", "mellanox.com"})
-#: SR-IOV device plugin domains (the SR-IOV Network Operator's openshift.io, the plugin's
-#: default intel.com, the Network Operator's nvidia.com): their NICs (nvidia.com/mlnxnics,
-#: openshift.io/mlxnics) may be RDMA VFs or not. GPU resources in them are not NICs.
-SRIOV_RESOURCE_DOMAINS = frozenset({"openshift.io", "intel.com", "nvidia.com", "mellanox.com"})
-GPU_RESOURCE_NAMES = ("gpu", "mig-", "vgpu", "pgpu")
-#: Name tokens of a NIC resource that may do RDMA, in any domain.
-NIC_TOKENS = frozenset({"sriov", "vf", "vfs", "mlnx", "mellanox", "connectx"})
-#: NFD's labels for an RDMA-capable adapter (a Mellanox PCI device) and for loaded RDMA
-#: modules, in both spellings NFD has used, and its Mellanox PCI vendor label.
-NFD_RDMA_LABELS = (
-    "feature.node.kubernetes.io/rdma.capable",
-    "feature.node.kubernetes.io/rdma.available",
-    "feature.node.kubernetes.io/custom-rdma.capable",
-    "feature.node.kubernetes.io/custom-rdma.available",
-    "feature.node.kubernetes.io/pci-15b3.present",
-)
-#: The Network Operator labels the nodes where it manages the Mellanox driver.
-NETWORK_OPERATOR_LABELS = ("network.nvidia.com/operator.mofed.wait",)
-#: The one RDMA link layer a provider offers (Azure: InfiniBand; GCE, OCI: RoCE v2).
-PROVIDER_RDMA_LINK = {"azure": "infiniband", "gce": "roce", "oci": "roce"}
-#: GCE machine types with RoCE NICs (GPUDirect RDMA): A3 Ultra, A4, A4X, A4X Max.
-GCE_ROCE_MACHINE_PREFIXES = ("a3-ultragpu-", "a4-highgpu-", "a4x-highgpu-", "a4x-maxgpu-")
-#: GCE machine types with RDMA that is neither InfiniBand nor RoCE (H4D: Cloud RDMA).
-GCE_OTHER_RDMA_MACHINE_PREFIXES = ("h4d-",)
-#: An Azure VM size: Standard_<family><vCPUs>[-<constrained vCPUs>]<additive features>_...
-_AZURE_SIZE = re.compile(r"(?i:standard)_[A-Z]+\d+(?:-\d+)?(?P<features>[a-z]*)(?:_|$)")
-
-#: CoreWeave's fabric labels: backend.coreweave.cloud/flavor names the backend fabric
-#: (infiniband, roce); the ib.coreweave.cloud/ labels (fabric, leafgroup, speed, superpod,
-#: ...) are put on InfiniBand nodes only.
-COREWEAVE_FLAVOR = "backend.coreweave.cloud/flavor"
-COREWEAVE_IB_PREFIX = "ib.coreweave.cloud/"
 
 #: A GCE zone, `<region>-<zone letter>` (us-central1-a, europe-west4-b).
 _GCE_ZONE = re.compile(r"(?P<region>[a-z]+-[a-z]+[0-9]+)-[a-z0-9]+")
@@ -101,7 +56,6 @@ EFA_RDMA_FAMILIES = frozenset(
 
 _PROVIDER_SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 OCI_INSTANCE_OCID_PREFIX = "ocid1.instance."
-_TOKEN = re.compile(r"[^a-z0-9]+")
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -220,134 +174,10 @@ def gpus(labels: Mapping[str, str], allocatable: Mapping[str, str]) -> tuple[str
     model = first_label(labels, GPU_MODEL) or ""
     count: int | None = None
     if GPU_RESOURCE in allocatable:
-        count = _int(allocatable[GPU_RESOURCE])
+        count = whole(allocatable[GPU_RESOURCE])
     if count is None:
-        count = _int(first_label(labels, GPU_COUNT) or "")
+        count = whole(first_label(labels, GPU_COUNT) or "")
     return model, str(count or 0)
-
-
-def fabric(
-    labels: Mapping[str, str],
-    allocatable: Mapping[str, str],
-    node_provider: str,
-    instance_type: str = "",
-) -> str:
-    """infiniband, efa, roce, ethernet or unknown: what the Node shows of its fast fabric.
-
-    Writing `ethernet` makes NCCL_IB_DISABLE=1, which breaks training on a node that does
-    have InfiniBand or RoCE; `infiniband`/`roce` only write NCCL's own default. So
-    `ethernet` needs positive knowledge (the provider's instance type, below) and no RDMA
-    device advertised; anything weaker that hints at RDMA gives `unknown`, and nothing is
-    written. In order:
-
-    1. allocatable vpc.amazonaws.com/efa > 0: efa.
-    2. The provider's own fabric labels (`labelled_fabric`: CoreWeave's): what they say.
-    3. An RDMA device resource whose name tells its link layer (`ib`, `infiniband` ->
-       infiniband; `roce`, `eth`, `ethernet` -> roce): that.
-    4. The provider's instance type (`provider_fabric`): infiniband or roce as it says;
-       ethernet as it says unless a device resource that is or may be RDMA is advertised
-       (NFD's host hints do not count there: Azure's accelerated networking is a Mellanox
-       VF, EFA loads ib_uverbs).
-    5. Any RDMA evidence (resource or NFD label): the provider's only RDMA link (Azure
-       InfiniBand, GCE and OCI RoCE), else unknown.
-    6. Nothing known: unknown.
-    """
-    if _positive(allocatable.get(EFA_RESOURCE)):
-        return "efa"
-    labelled = labelled_fabric(labels)
-    if labelled:
-        return labelled
-    rdma, maybe, link = _rdma_resources(allocatable)
-    if link:
-        return link
-    view = provider_fabric(node_provider, instance_type)
-    if view in ("infiniband", "roce"):
-        return view
-    if view == "ethernet":
-        return UNKNOWN if rdma or maybe else "ethernet"
-    if rdma or maybe or _rdma_labels(labels):
-        return PROVIDER_RDMA_LINK.get(node_provider, UNKNOWN)
-    return UNKNOWN
-
-
-def labelled_fabric(labels: Mapping[str, str]) -> str | None:
-    """The fabric a provider's own labels name; None where they name none.
-
-    CoreWeave: `backend.coreweave.cloud/flavor` is `infiniband` or `roce`; without it (older
-    nodes), any `ib.coreweave.cloud/` label marks an InfiniBand node.
-    """
-    flavor = labels.get(COREWEAVE_FLAVOR, "").strip().lower()
-    if flavor in ("infiniband", "roce"):
-        return flavor
-    if any(key.startswith(COREWEAVE_IB_PREFIX) for key in labels):
-        return "infiniband"
-    return None
-
-
-def provider_fabric(node_provider: str, instance_type: str) -> str | None:
-    """What a cloud's instance type says of its fabric; None where it says nothing.
-
-    - aws: EC2 has no InfiniBand or RoCE; its RDMA is EFA (counted by its resource), which
-      NCCL reaches through the aws-ofi-nccl plugin, not its IB transport: ethernet.
-    - azure: RDMA-capable sizes carry `r` among the additive features after the vCPU count
-      (Standard_ND96isr_H100_v5, Standard_HB120rs_v3) and their RDMA is InfiniBand; a size
-      without it has none: ethernet.
-    - gce: RDMA NICs come with the machine family: RoCE on A3 Ultra, A4, A4X and A4X Max;
-      H4D's Cloud RDMA is neither; every other family has only gVNIC/virtio NICs
-      (A3 High/Mega's GPUDirect-TCPX/TCPXO is TCP over ethernet): ethernet.
-    - anything else, or no instance type: None.
-    """
-    itype = instance_type.strip()
-    if node_provider == "aws":
-        return "ethernet"
-    if node_provider == "azure" and itype:
-        match = _AZURE_SIZE.match(itype)
-        if match is None:
-            return None
-        return "infiniband" if "r" in match.group("features") else "ethernet"
-    if node_provider == "gce" and itype:
-        family = itype.lower()
-        if family.startswith(GCE_ROCE_MACHINE_PREFIXES):
-            return "roce"
-        if family.startswith(GCE_OTHER_RDMA_MACHINE_PREFIXES):
-            return None
-        return "ethernet"
-    return None
-
-
-def _rdma_resources(allocatable: Mapping[str, str]) -> tuple[bool, bool, str | None]:
-    """(an RDMA device is advertised, a device that may be RDMA is, the link layer the
-    RDMA devices' names tell or None). Only resources with a positive quantity count."""
-    rdma = maybe = False
-    hints: set[str] = set()
-    for name, quantity in allocatable.items():
-        if not _positive(quantity):
-            continue
-        domain, _, resource = name.lower().rpartition("/")
-        tokens = set(_TOKEN.split(resource))
-        if (
-            domain in RDMA_RESOURCE_DOMAINS
-            or tokens & RDMA_TOKENS
-            or (domain in NETWORK_OPERATOR_DOMAINS and "hostdev" in tokens)
-        ):
-            rdma = True
-            hints |= tokens
-        elif (domain in SRIOV_RESOURCE_DOMAINS and not resource.startswith(GPU_RESOURCE_NAMES)) or (
-            tokens & NIC_TOKENS
-        ):
-            maybe = True
-    if hints & {"ib", "infiniband"}:
-        return rdma, maybe, "infiniband"
-    if hints & {"roce", "eth", "ethernet"}:
-        return rdma, maybe, "roce"
-    return rdma, maybe, None
-
-
-def _rdma_labels(labels: Mapping[str, str]) -> bool:
-    """NFD (or the NVIDIA Network Operator) says the host has an RDMA-capable adapter."""
-    return any(labels.get(key, "").lower() == "true" for key in NFD_RDMA_LABELS) or any(
-        key in labels for key in NETWORK_OPERATOR_LABELS
-    )
 
 
 def node_variables(node_name: str, node: Node | None) -> Variables:
@@ -449,43 +279,3 @@ def _writable(key: str, value: str) -> str:
         log.warning("writing %s empty: the value on the Node %s", key, exc)
         return ""
     return value
-
-
-_QUANTITY = re.compile(
-    r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
-    r"(?:(?P<binary>Ki|Mi|Gi|Ti|Pi|Ei)|(?P<decimal>[numkMGTPE])|[eE](?P<exponent>[+-]?[0-9]+))?"
-)
-#: Longer text is no count of devices (and int -> str refuses > 4300 digits).
-_MAX_QUANTITY_CHARS = 40
-#: Enough digits that no quantity of that length is rounded.
-_EXACT = Context(prec=4 * _MAX_QUANTITY_CHARS)
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-
-
-def _quantity(text: str) -> Decimal | None:
-    """A Kubernetes quantity (`8`, `1k` as the API writes 1000, `500m`, `1e3`, `2Ki`);
-    None if the text is not one, or is too long or too large to be a count of anything."""
-    match = _QUANTITY.fullmatch(text.strip()) if len(text) <= _MAX_QUANTITY_CHARS else None
-    if match is None:
-        return None
-    number = Decimal(match["number"])
-    if match["binary"]:
-        return _EXACT.multiply(number, Decimal(_BINARY[match["binary"]]))
-    exponent = _DECIMAL[match["decimal"]] if match["decimal"] else int(match["exponent"] or 0)
-    if abs(exponent) > _MAX_QUANTITY_CHARS:
-        return None
-    return number.scaleb(exponent, context=_EXACT)
-
-
-def _int(text: str) -> int | None:
-    """A whole, non-negative quantity, else None (GPU and RDMA counts are whole numbers)."""
-    value = _quantity(text)
-    if value is None or value < 0 or value != value.to_integral_value():
-        return None
-    return int(value)
-
-
-def _positive(quantity: str | None) -> bool:
-    value = _quantity(quantity or "")
-    return value is not None and value > 0
