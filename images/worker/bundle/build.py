@@ -61,7 +61,9 @@ def split_requirements() -> tuple[list[Path], list[str]]:
     others, for deps/)."""
     local = local_packages()
     sources, pins = [WORKER], []
-    for req in _project(WORKER).get("dependencies", []):  # type: ignore[union-attr]
+    dependencies = _project(WORKER).get("dependencies", [])
+    assert isinstance(dependencies, list), "pyproject.toml: [project] dependencies is a list"
+    for req in dependencies:
         name = _norm(re.split(r"[<>=!~;\[ ]", str(req), maxsplit=1)[0])
         if name in local:
             sources.append(local[name])
