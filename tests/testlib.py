@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from benches.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / ".tools"
@@ -147,12 +148,6 @@ def _fetch_upstream_crds() -> Path | None:
         tmp.write_bytes(data)
         tmp.replace(target)
     return SHARED_CACHE
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -17,29 +17,13 @@ from elastic_worker.keystore.interface import KeyStore
 from elastic_worker.settings import config
 from testlib import EtcdServer
 
+from benches.procs import descendants
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
 WORKER = BIN / "elastic-worker"
 PYTHON = BIN / "python"
 TRAIN = ROOT / "images" / "worker" / "examples" / "train.py"
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (torch starts workers in their own sessions)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        ppid = int(text.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
