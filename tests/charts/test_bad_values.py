@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 from chart_render import ELASTIC_JOB, ETCD, render_error
 
 
@@ -372,3 +373,29 @@ def assert_refused(helm: Path, case: Bad, tmp_path: Path) -> None:
     assert _named(case.names).search(err.stderr), err.stderr
     for fragment in case.also:
         assert fragment in err.stderr, err.stderr
+
+
+def _pinned_tag(values: Path) -> str:
+    """image.tag of a values file (the chart's own, or a ci/*-values.yaml)."""
+    tag: str = yaml.safe_load(values.read_text())["image"]["tag"]
+    return tag
+
+
+@pytest.mark.parametrize(
+    ("sets", "suggested"),
+    [
+        (("image.tag=v3.5",), ETCD / "values.yaml"),
+        (("image.tag=v3.6.0",), ETCD / "values.yaml"),
+        (("image.tag=v3.5.10",), ETCD / "values.yaml"),
+        (("global.rendezvousBackend=etcd-v3", "image.tag=v3.7.0"), ETCD / "ci/etcd-v3-values.yaml"),
+    ],
+    ids=["not-a-release", "3.6-with-etcd-v2", "older-than-3.5.11", "3.7-with-etcd-v3"],
+)
+def test_a_refused_etcd_tag_names_a_tag_the_chart_pins(
+    sets: tuple[str, ...], suggested: Path
+) -> None:
+    """image.tag refused: the message's example is the chart's own pin (values.yaml's
+    image.tag; for 3.6 the tag ci/etcd-v3-values.yaml installs), never a stale one."""
+    message = str(render_error(ETCD, sets=sets))
+    named = re.findall(r"e\.g\. (v[0-9.]+)", message)
+    assert named == [_pinned_tag(suggested)], message

@@ -161,15 +161,21 @@ set (the tag is kept: the chart checks it names a 3.5 release). Twin of elastic-
 Render-time checks. The image tag must be 3.5.11 or later: /livez and /readyz arrived in
 3.5.11. With the etcd-v2 backend it must be a 3.5 release: 3.6 removed the v2 API torch's
 etcd-v2 backend speaks. With etcd-v3 3.6 is accepted too; a later minor is not (untested).
-A digest may follow the tag (v3.5.21@sha256:...).
+A digest may follow the tag (vX.Y.Z@sha256:...).
 */}}
+{{/* The tags the messages suggest: the 3.5 one is values.yaml's image.tag, the 3.6 one the
+tag ci/etcd-v3-values.yaml installs (tests/charts/test_bad_values.py holds both to those). */}}
+{{- define "etcd-rendezvous.suggestedTag35" -}}v3.5.33{{- end -}}
+{{- define "etcd-rendezvous.suggestedTag36" -}}v3.6.14{{- end -}}
+
 {{- define "etcd-rendezvous.validate" -}}
 {{- /* As a dependency the user sets these under the chart's name: say so in messages. */ -}}
 {{- $at := ternary "" (printf "%s." .Chart.Name) .Chart.IsRoot -}}
+{{- $tag35 := include "etcd-rendezvous.suggestedTag35" . -}}
 {{- $tag := .Values.image.tag | toString -}}
 {{- $version := regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" $tag -}}
 {{- if not $version -}}
-{{- fail (printf "%simage.tag %q is not an etcd release tag (vMAJOR.MINOR.PATCH): pin a 3.5 release, 3.5.11 or later, e.g. v3.5.21" $at $tag) -}}
+{{- fail (printf "%simage.tag %q is not an etcd release tag (vMAJOR.MINOR.PATCH): pin a 3.5 release, 3.5.11 or later, e.g. %s" $at $tag $tag35) -}}
 {{- end -}}
 {{- $parts := splitList "." (trimPrefix "v" $version) -}}
 {{- $major := index $parts 0 | atoi -}}
@@ -178,13 +184,13 @@ A digest may follow the tag (v3.5.21@sha256:...).
 {{- $backend := include "etcd-rendezvous.backend" . -}}
 {{- if eq $backend "etcd-v3" -}}
 {{- if or (gt $major 3) (and (eq $major 3) (ge $minor 7)) -}}
-{{- fail (printf "%simage.tag %q: the chart supports etcd 3.5 (3.5.11 or later) and 3.6; pin one of those (e.g. v3.6.5)" $at $tag) -}}
+{{- fail (printf "%simage.tag %q: the chart supports etcd 3.5 (3.5.11 or later) and 3.6; pin one of those (e.g. %s)" $at $tag (include "etcd-rendezvous.suggestedTag36" .)) -}}
 {{- end -}}
 {{- else if or (gt $major 3) (and (eq $major 3) (ge $minor 6)) -}}
-{{- fail (printf "%simage.tag %q: etcd 3.6 and later removed the v2 API that torch's etcd-v2 rendezvous backend needs; pin a 3.5 release, 3.5.11 or later (e.g. v3.5.21), or set global.rendezvousBackend=etcd-v3" $at $tag) -}}
+{{- fail (printf "%simage.tag %q: etcd 3.6 and later removed the v2 API that torch's etcd-v2 rendezvous backend needs; pin a 3.5 release, 3.5.11 or later (e.g. %s), or set global.rendezvousBackend=etcd-v3" $at $tag $tag35) -}}
 {{- end -}}
 {{- if or (lt $major 3) (and (eq $major 3) (lt $minor 5)) (and (eq $major 3) (eq $minor 5) (lt $patch 11)) -}}
-{{- fail (printf "%simage.tag %q is older than 3.5.11, the first release with /livez and /readyz for the probes; pin a 3.5 release, 3.5.11 or later (e.g. v3.5.21)" $at $tag) -}}
+{{- fail (printf "%simage.tag %q is older than 3.5.11, the first release with /livez and /readyz for the probes; pin a 3.5 release, 3.5.11 or later (e.g. %s)" $at $tag $tag35) -}}
 {{- end -}}
 {{- if and .Values.image.digest (contains "@" $tag) -}}
 {{- fail (printf "%simage.tag %q already holds a digest and %simage.digest is set too: keep one (image.digest, with the plain tag)" $at $tag $at) -}}
