@@ -250,6 +250,17 @@ def test_etcd_v3_takes_exactly_the_keys_its_handler_reads() -> None:
     assert ("key_prefix", "/t") in cfg.rdzv_conf
 
 
+def test_etcd_v2_takes_the_keys_torchs_dynamic_rendezvous_reads_as_etcd_v3_does() -> None:
+    """The worker writes out etcd-v2's keys (it must run without torch-etcd-v3): the
+    dynamic rendezvous' share is torch_etcd_v3's RENDEZVOUS_KEYS, one list in effect."""
+    from elastic_worker.settings.rendezvous import DYNAMIC_RENDEZVOUS_KEYS  # noqa: PLC0415
+    from torch_etcd_v3.config import RENDEZVOUS_KEYS  # noqa: PLC0415
+
+    assert DYNAMIC_RENDEZVOUS_KEYS == RENDEZVOUS_KEYS
+    assert config.rdzv_keys("etcd-v2") >= RENDEZVOUS_KEYS
+    assert config.rdzv_keys("etcd-v3") >= RENDEZVOUS_KEYS
+
+
 def test_etcd_v3_without_its_package_is_one_line_naming_the_fix() -> None:
     """An image without torch-etcd-v3 and ELASTIC_RDZV_BACKEND=etcd-v3: a bad setting (exit
     2, one line), not a traceback from deep inside the worker."""

@@ -11,8 +11,12 @@ from dataclasses import dataclass
 
 from elastic_worker.settings.schema import ConfigError, rdzv_conf_default
 
-# Keys torch's etcd-v2 rendezvous reads from --rdzv-conf (torch 2.13).
-KNOWN_RDZV_KEYS = frozenset(
+# The --rdzv-conf keys `--rdzv-backend=etcd-v2` takes (torch 2.13). Written out, not
+# imported: the worker runs etcd-v2 without torch-etcd-v3 installed (an image without it)
+# and without importing torch. tests/worker/settings/test_config.py holds
+# DYNAMIC_RENDEZVOUS_KEYS equal to torch_etcd_v3.config.RENDEZVOUS_KEYS.
+#: What torch's dynamic rendezvous reads itself (dynamic_rendezvous.create_handler).
+DYNAMIC_RENDEZVOUS_KEYS = frozenset(
     {
         "join_timeout",
         "last_call_timeout",
@@ -20,6 +24,13 @@ KNOWN_RDZV_KEYS = frozenset(
         "heartbeat_timeout",
         "keep_alive_interval",
         "keep_alive_max_attempt",
+    }
+)
+#: What torch's etcd-v2 backend reads (etcd_rendezvous_backend.create_backend), and
+#: `timeout`, which torch's launcher writes into the conf itself (launcher/api.py), and
+#: `is_host`, which only torch's c10d backend reads (accepted as it always was; ignored).
+KNOWN_RDZV_KEYS = DYNAMIC_RENDEZVOUS_KEYS | frozenset(
+    {
         "read_timeout",
         "protocol",
         "ssl_cert",
@@ -34,7 +45,8 @@ KNOWN_RDZV_KEYS = frozenset(
 def rdzv_keys(backend: str) -> frozenset[str]:
     """The --rdzv-conf keys the backend's handler (and torch's rendezvous) read."""
     if backend == "etcd-v3":
-        # The handler's own list; importing it imports torch, which etcd-v3 runs anyway.
+        # The handler's own list (torch_etcd_v3.config is standard library only, no torch);
+        # imported here, not above, so etcd-v2 runs without the package.
         try:
             from torch_etcd_v3.config import KEYS  # noqa: PLC0415
         except ImportError as exc:
