@@ -132,7 +132,9 @@ def test_403_degrades_with_one_line_naming_cause_and_fix(
     line = warning(run)
     assert line.startswith(f'init-topology: warning: cannot read Node "{NODE}": 403 Forbidden: ')
     assert f'User "{api.user}" cannot get resource "nodes"' in line
-    # the fix names the cluster chart's value for this pod's own namespace
+    # the fix names the cluster chart's value for this pod's own namespace, as a command
+    # that works whether the cluster chart is installed yet or not, keeping its other values
+    assert "helm upgrade --install --reuse-values elastic-job-cluster " in line, line
     assert f"--set nodeReader.namespaces.{api.namespace}=true" in line, line
     assert read_env_file(run.output) == DEGRADED
     assert len(api.requests) == 1  # permanent: not retried

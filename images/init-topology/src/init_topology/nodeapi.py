@@ -219,8 +219,10 @@ def _status_failure(status: int, reason: str, body: Any, config: Config) -> _Fai
         return _Failure(
             False,
             what,
-            "a cluster admin grants get on nodes to this namespace's service accounts once: "
-            "helm install elastic-job-cluster charts/elastic-job-cluster "
+            "a cluster admin grants get on nodes to this namespace's service accounts once "
+            "(installing the cluster chart, or adding the namespace to its release, values kept): "
+            "helm upgrade --install --reuse-values elastic-job-cluster "
+            "charts/elastic-job-cluster -n <its namespace, e.g. monitoring> "
             f"--set nodeReader.namespaces.{_namespace(config)}=true (Nodes are cluster-scoped, "
             "so no namespaced Role can grant it)",
         )
