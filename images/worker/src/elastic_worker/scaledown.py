@@ -12,6 +12,10 @@ from elastic_worker.settings.config import Config, ConfigError, KubeApi, read_st
 
 logger = logging.getLogger(__name__)
 
+#: The chart value that turns the scale-down (ELASTIC_SCALE_DOWN and its Role) on and off,
+#: named in every warning (tests/worker/test_scaledown.py holds it to values.yaml).
+CHART_VALUE = "rbac.scaleDown.enabled"
+
 
 def _scale_request(
     api: KubeApi, namespace: str, name: str, body: dict[str, object] | None, timeout: float
@@ -53,9 +57,12 @@ def scale_to_zero(api: KubeApi, namespace: str, names: tuple[str, ...], timeout:
             if exc.code == 403:
                 logger.warning(
                     "not allowed to scale statefulset %s/%s (403): the Role lacks "
-                    "patch on statefulsets/scale; leaving it running",
+                    "patch on statefulsets/scale (the chart renders it with %s=true; "
+                    "set %s=false not to scale down); leaving it running",
                     namespace,
                     name,
+                    CHART_VALUE,
+                    CHART_VALUE,
                 )
             else:
                 logger.warning(
@@ -85,9 +92,21 @@ def scale_down_after_success(config: Config) -> None:
         return
     api = config.kube_api
     if api is None:
-        logger.warning("ELASTIC_SCALE_DOWN is true but no in-cluster API access")
+        logger.warning(
+            "ELASTIC_SCALE_DOWN is true (chart: %s) but no in-cluster API access: mount the "
+            "ServiceAccount token (worker.automountServiceAccountToken), or set %s=false; "
+            "scaling nothing",
+            CHART_VALUE,
+            CHART_VALUE,
+        )
     elif not config.pod_namespace:
-        logger.warning("ELASTIC_SCALE_DOWN is true but POD_NAMESPACE is not set")
+        logger.warning(
+            "ELASTIC_SCALE_DOWN is true (chart: %s) but POD_NAMESPACE is not set: set it from "
+            "the downward API (metadata.namespace) as the chart does, or set %s=false; "
+            "scaling nothing",
+            CHART_VALUE,
+            CHART_VALUE,
+        )
     else:
         scale_to_zero(api, config.pod_namespace, names)
 
