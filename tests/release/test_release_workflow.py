@@ -6,6 +6,7 @@ takes them back. The images job runs in tests/images (podman as docker)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -34,6 +35,21 @@ def helm_on_path(tmp: Path) -> Path:
     bin_dir.mkdir(parents=True, exist_ok=True)
     (bin_dir / "helm").symlink_to(HELMS["helm3"])
     return bin_dir
+
+
+def test_the_helm_it_signs_with_is_the_one_bootstrap_installs() -> None:
+    """HELM3_VERSION and HELM3_SHA256 are scripts/bootstrap's, the one place the Helm
+    release is chosen (its safe minimum in requirements/advisories.toml; the charts
+    workflow is held to it by tests/ci)."""
+    bootstrap = (ROOT / "scripts" / "bootstrap").read_text()
+    env = yaml.safe_load(WORKFLOW.read_text())["env"]
+    pinned = {k: v for k, v in env.items() if k.startswith("HELM")}
+    assert set(pinned) == {"HELM3_VERSION", "HELM3_SHA256"}, sorted(pinned)
+    for key, value in pinned.items():
+        want = re.search(rf"^{key}=(\S+)$", bootstrap, re.MULTILINE)
+        assert want and value == want[1], (
+            f"release.yaml {key}={value}; bootstrap: {want and want[0]}"
+        )
 
 
 def check(tmp: Path, github: dict[str, str], inputs: dict[str, str]) -> str | None:
