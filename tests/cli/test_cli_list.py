@@ -6,14 +6,19 @@ pod proxy), or from the API alone when metrics are off; kubectl's -o wide|json|y
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from cli_cluster import NS, Worker, add_release, pod, run, workers, write_kubeconfig
 from elastic_job_cli import joblist, output
+from elastic_job_cli.kube import CommandError, Kube
+from testlib import ROOT
 
 from localrun.cluster.apiserver import FakeApiServer
 from localrun.cluster.nodes import load_nodes
@@ -158,3 +163,58 @@ def test_kubectls_age() -> None:
              (2 * 365 + 3) * 86400: "2y3d", 9 * 365 * 86400: "9y",
              -1: "0s", -5: "<invalid>"}  # fmt: skip
     assert {s: output.age(s) for s in cases} == cases
+
+
+def _access(method: str, path: str) -> tuple[str, str]:
+    """The RBAC verb and resource of a request the CLI made (GET only: it writes nothing)."""
+    assert method == "GET", (method, path)
+    parts = path.strip("/").split("/")
+    parts = parts[2:] if parts[0] == "api" else parts[3:]  # api/v1 or apis/<group>/<version>
+    if parts[0] == "namespaces" and len(parts) > 2:
+        parts = parts[2:]
+    if len(parts) == 1:
+        return "list", parts[0]
+    return "get", "/".join((parts[0], *parts[2:3]))
+
+
+def _readme_access() -> set[tuple[str, str]]:
+    """(verb, resource) of the CLI README's "Access it needs" table."""
+    readme = (ROOT / "packages" / "elastic-job-cli" / "README.md").read_text()
+    section = readme.split("## Access it needs", 1)[1].split("\n## ", 1)[0]
+    out = set()
+    for row in re.findall(r"^\| `(\w+)` \| ([^|]+) \|", section, re.MULTILINE):
+        out |= {(row[0], resource) for resource in re.findall(r"`([\w/]+)`", row[1])}
+    return out
+
+
+def test_the_readmes_access_is_what_the_commands_ask_for(
+    api: FakeApiServer,
+    kubeconfig: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every command run against the fake API server: the verbs and resources it asked for
+    (`events -w`'s watches as it opens them) are the README's table, no more, no less."""
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("prices:\n  c-4x-amd64-linux:\n    spot: 0.1\n    on-demand: 0.4\n")
+    watched: set[tuple[str, str]] = set()
+
+    def stream(self: Kube, resource: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        """Record the watch; once all are open, end the command (as a refusal would)."""
+        watched.add(("watch", resource))
+        deadline = time.monotonic() + 10
+        while len(watched) < 3 and time.monotonic() < deadline:  # pods, events, nodes
+            time.sleep(0.05)
+        raise CommandError("watch recorded")
+
+    monkeypatch.setattr(Kube, "stream", stream)
+    commands = [
+        ["list"], ["list", "-A"], ["list", "-o", "wide"], ["status", "run42"],
+        ["logs", "run42"], ["logs", "run42", "--all"], ["events", "run42"],
+        ["events", "run42", "-w"], ["cost", "run42", "--prices", str(prices)],
+    ]  # fmt: skip
+    for args in commands:
+        run(kubeconfig, *args, capsys=capsys)
+    asked = {_access(r.method, r.path) for r in api.requests} | watched
+    assert asked == _readme_access(), sorted(asked)
