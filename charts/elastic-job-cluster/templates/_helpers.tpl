@@ -24,9 +24,8 @@ name when it contains the chart name, else "<release>-<chart name>".
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* All labels of a component's objects, global.commonLabels last (sorted). The chart's own
-keys may not be repeated there (a duplicate key is invalid YAML). Call with (dict "root" $
-"component" "node-reader"). */}}
+{{/* All labels of a component's objects, global.commonLabels last (sorted). Call with (dict
+"root" $ "component" "node-reader"). */}}
 {{- define "elastic-job-cluster.labels" -}}
 app.kubernetes.io/name: {{ include "elastic-job-cluster.name" .root | quote }}
 app.kubernetes.io/instance: {{ .root.Release.Name | quote }}
@@ -35,13 +34,36 @@ app.kubernetes.io/part-of: elastic-job
 app.kubernetes.io/managed-by: {{ .root.Release.Service | quote }}
 app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 helm.sh/chart: {{ include "elastic-job-cluster.chart" .root | quote }}
-{{- $common := (.root.Values.global | default dict).commonLabels | default dict }}
+{{- include "elastic-job-cluster.commonLabels" . }}
+{{- end -}}
+
+{{/*
+global.commonLabels as label lines, each after a newline, sorted. The chart's own label
+keys may not be repeated (a duplicate key is invalid YAML). Twin of elastic-job.commonLabels
+and etcd-rendezvous.commonLabels.
+*/}}
+{{- define "elastic-job-cluster.commonLabels" -}}
+{{- $common := (.root.Values.global | default dict).commonLabels | default dict -}}
 {{- range $key := keys $common | sortAlpha }}
 {{- if or (hasPrefix "app.kubernetes.io/" $key) (eq $key "helm.sh/chart") }}
 {{- fail (printf "global.commonLabels.%s: the chart sets this label itself; remove it from global.commonLabels (use another key)" $key) }}
 {{- end }}
 {{ $key }}: {{ index $common $key | toString | quote }}
 {{- end }}
+{{- end -}}
+
+{{/* Object names, each cut so that it stays within 63 characters with its suffix; the
+templates and NOTES.txt name objects only through these. */}}
+{{- define "elastic-job-cluster.podMonitorName" -}}
+{{- printf "%s-workers" (include "elastic-job-cluster.fullname" . | trunc 55 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "elastic-job-cluster.prometheusRuleName" -}}
+{{- include "elastic-job-cluster.fullname" . -}}
+{{- end -}}
+
+{{- define "elastic-job-cluster.dashboardName" -}}
+{{- printf "%s-dashboard" (include "elastic-job-cluster.fullname" . | trunc 53 | trimSuffix "-") -}}
 {{- end -}}
 
 {{/* The node reader's ClusterRole and ClusterRoleBinding (one name for both). */}}
