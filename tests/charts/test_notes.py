@@ -1,4 +1,5 @@
-"""templates/NOTES.txt of both charts: what was created, how to watch it, how to stop it."""
+"""templates/NOTES.txt of the per-job charts (elastic-job, etcd-rendezvous): what was
+created, how to watch it, how to stop it. The cluster chart's: test_names.py."""
 
 from __future__ import annotations
 

@@ -121,8 +121,8 @@ def test_test_values_that_need_privileged_need_it_for_the_stated_reason(
 
 @pytest.mark.parametrize("case", _UNCLAIMED, ids=str)
 def test_chart_defaults_and_ci_configurations_are_restricted(case: Case) -> None:
-    """Both charts' defaults, their ci/*-values.yaml and the test-only values render pods
-    that Pod Security "restricted" admits."""
+    """Every chart's defaults, its ci/*-values.yaml and the test-only values render pods
+    that Pod Security "restricted" admits (the cluster chart's render none)."""
     objs = objects(case)
     assert level(objs)[0] == "restricted", _explain(objs)
 

@@ -1,5 +1,6 @@
-"""values.schema.json of both charts: draft-07, closed at every level, `global` declared,
-and the defaults (and every example) valid against it."""
+"""values.schema.json of every chart (elastic-job, etcd-rendezvous, elastic-job-cluster):
+draft-07, closed at every level, `global` declared, and the defaults (and every example)
+valid against it."""
 
 from __future__ import annotations
 
