@@ -3,7 +3,8 @@ ranges with a floor, and pip's resolver, asked for the command together with a n
 `kubernetes` than the dev venv's (and the urllib3 that client needs), keeps that client.
 
 test_pip_keeps_a_newer_client_beside_the_command needs PyPI (pip reads the index and the
-packages' metadata; nothing is installed): about 35 s here. Before: the pin
+packages' metadata; nothing is installed): about 35 s here; skipped, saying so, when pip's
+index cannot be reached (offline, or a mirror down). Before: the pin
 kubernetes==35.0.0 made the two impossible together (pip: ResolutionImpossible), and pip
 replaced an installed 37.0.2 with 35.0.0.
 """
@@ -66,6 +67,22 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+@pytest.fixture(scope="module")
+def index() -> None:
+    """Skip unless pip reaches its index (PyPI, or the mirror pip is configured with): asked
+    as pip itself asks, so a proxy or a mirror counts, and once, without retries."""
+    probe = subprocess.run(
+        [sys.executable, "-m", "pip", "index", "versions", "kubernetes", "--retries", "0",
+         "--timeout", "15", "--disable-pip-version-check"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if probe.returncode != 0:
+        lines = [line for line in probe.stderr.splitlines() if "experimental" not in line]
+        said = " / ".join(lines[-2:]) or f"exit {probe.returncode}"
+        pytest.skip(f"pip's package index is unreachable (offline?): {said}")
+
+
+@pytest.mark.usefixtures("index")
 def test_pip_keeps_a_newer_client_beside_the_command(wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "user-env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
