@@ -158,8 +158,13 @@ def render_error(chart: Path, *, helm: Path = HELM3, **kwargs: Any) -> RenderErr
     raise AssertionError(f"expected helm template to fail, but it rendered:\n{out[:2000]}")
 
 
+# libyaml's loader where PyYAML has it (its wheels do): the same objects as safe_load_all,
+# a tenth of the time on large renders (1,000 worker groups: 5 s instead of 65 s).
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load(text: str) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(text) if doc]
+    return [doc for doc in yaml.load_all(text, Loader=_LOADER) if doc]
 
 
 def objects(chart: Path | Case, **kwargs: Any) -> list[dict[str, Any]]:

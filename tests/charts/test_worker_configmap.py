@@ -15,6 +15,7 @@ from chart_render import (
     RELEASE,
     container,
     env_of,
+    load,
     objects,
     one,
     render,
@@ -80,6 +81,6 @@ def test_the_release_at_the_bound_of_groups_fits_helms_release_secret(tmp_path: 
     and base64'd as Helm stores it, takes under a fifth of the Secret it is stored in
     (room for the chart, the values and groups with settings of their own)."""
     text = render(ELASTIC_JOB, values=[groups_file(tmp_path, MAX_GROUPS)])
-    assert len(worker_statefulsets(yaml.safe_load_all(text))) == MAX_GROUPS
+    assert len(worker_statefulsets(load(text))) == MAX_GROUPS
     stored = len(base64.b64encode(gzip.compress(text.encode())))
     assert stored < SECRET_LIMIT / 5, stored
