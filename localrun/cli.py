@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from localrun.cluster.apiserver import Fault as ApiFault
+from localrun.cluster.nodelifecycle import NodeTimings
 from localrun.faults import Fault, FaultKind
 from localrun.run import EXIT_USAGE, RunConfig, Runner
 
@@ -34,12 +35,16 @@ _SECONDS = r"(\d+(?:\.\d+)?)"
 _WHEN = r"(\d+(?:\.\d+)?|step=\d+)"
 _NAME = r"([a-z0-9](?:[-a-z0-9.]*[a-z0-9])?)"
 _POD_AT = re.compile(rf"^{_NAME}@{_WHEN}(?::{_SECONDS})?$")
+_NODE_AT = re.compile(rf"^(pod:)?{_NAME}@{_WHEN}(?::{_SECONDS})?$")
 _SCALE = re.compile(rf"^{_NAME}=(\d+)@{_WHEN}$")
 _AT = re.compile(rf"^@?{_WHEN}$")
 _FORMS = {
     FaultKind.KILL: "POD@WHEN[:DOWN], e.g. demo-w-1@40 or demo-w-1@step=20:15",
     FaultKind.PREEMPT: "POD@WHEN[:DOWN], e.g. demo-w-1@40 or demo-w-1@step=20:15",
     FaultKind.PARTITION: "POD@WHEN[:DURATION], e.g. demo-w-1@40:20",
+    FaultKind.NODE_DOWN: "NODE@WHEN[:DURATION], e.g. local-spot-0@40:120 or pod:demo-w-1@step=20",
+    FaultKind.DELETE_NODE: "NODE@WHEN, e.g. local-spot-0@90 or pod:demo-w-1@90",
+    FaultKind.OUT_OF_SERVICE: "NODE@WHEN, e.g. local-spot-0@90 or pod:demo-w-1@90",
 }
 
 
@@ -62,6 +67,21 @@ def parse_pod_fault(kind: FaultKind, text: str) -> Fault:
 
 def parse_partition(text: str) -> Fault:
     return parse_pod_fault(FaultKind.PARTITION, text)
+
+
+def parse_node_fault(kind: FaultKind, text: str) -> Fault:
+    """`NODE@WHEN[:DURATION]` for --node-down (no DURATION: down for good), `NODE@WHEN` for
+    --delete-node and --out-of-service; NODE is a node of the profile, or `pod:POD` for the
+    node that pod runs on when the fault fires."""
+    m = _NODE_AT.match(text.strip())
+    if not m or (m.group(4) is not None and kind is not FaultKind.NODE_DOWN):
+        raise UsageError(f"--{kind.value} {text!r}: expected {_FORMS[kind]}")
+    at, step = _when(m.group(3))
+    duration = float(m.group(4)) if m.group(4) is not None else None
+    name = m.group(2)
+    if m.group(1):
+        return Fault(kind, at, target="", duration=duration, at_step=step, node_of=name)
+    return Fault(kind, at, target=name, duration=duration, at_step=step)
 
 
 def parse_scale(text: str) -> Fault:
@@ -144,11 +164,62 @@ def build_parser() -> argparse.ArgumentParser:
         help="also --restart-rendezvous@WHEN",
     )
     g.add_argument(
+        "--node-down",
+        action="append",
+        default=[],
+        metavar="NODE@WHEN[:DURATION]",
+        help="the node's kubelet stops: its pods frozen and cut off, no status (back after "
+        "DURATION s, else down for good); NODE may be pod:POD, that pod's node",
+    )
+    g.add_argument(
+        "--delete-node",
+        action="append",
+        default=[],
+        metavar="NODE@WHEN",
+        help="the Node object deleted (its instance gone): pod GC force-deletes its pods",
+    )
+    g.add_argument(
+        "--out-of-service",
+        action="append",
+        default=[],
+        metavar="NODE@WHEN",
+        help="an administrator's node.kubernetes.io/out-of-service:NoExecute taint",
+    )
+    g.add_argument(
         "--api-fault",
         action="append",
         default=[],
         metavar="REGEX=STATUS",
         help="the fake API server answers matching paths with STATUS (403, 500, ... or hang)",
+    )
+    n = r.add_argument_group("the control plane's node lifecycle (seconds; Kubernetes' defaults)")
+    n.add_argument(
+        "--node-monitor-grace-period",
+        type=_seconds,
+        default=NodeTimings.grace_period,
+        metavar="S",
+        help="silence before a node is NotReady (kube-controller-manager; 50, 40 before 1.32)",
+    )
+    n.add_argument(
+        "--node-monitor-period",
+        type=_seconds,
+        default=NodeTimings.monitor_period,
+        metavar="S",
+        help="how often the node lifecycle controller looks (kube-controller-manager; 5)",
+    )
+    n.add_argument(
+        "--default-not-ready-toleration-seconds",
+        type=int,
+        default=NodeTimings.not_ready_toleration,
+        metavar="S",
+        help="the toleration admission adds to pods without one (kube-apiserver; 300)",
+    )
+    n.add_argument(
+        "--default-unreachable-toleration-seconds",
+        type=int,
+        default=NodeTimings.unreachable_toleration,
+        metavar="S",
+        help="the same for unreachable (kube-apiserver; 300)",
     )
     r.add_argument("--json", dest="json_path", type=Path, help="write the run summary here")
     r.add_argument("--output", type=Path, help="logs directory (default out/elastic-local/<time>)")
@@ -219,6 +290,16 @@ def parse_image(text: str) -> tuple[str, Path]:
     return name, path
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds above 0")
+    return value
+
+
 def _backoff(text: str) -> tuple[float, float]:
     base, _, cap = text.partition(":")
     try:
@@ -234,6 +315,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     faults += [parse_partition(t) for t in args.partition]
     faults += [parse_scale(t) for t in args.scale]
     faults += [parse_restart_rendezvous(t) for t in args.restart_rendezvous]
+    faults += [parse_node_fault(FaultKind.NODE_DOWN, t) for t in args.node_down]
+    faults += [parse_node_fault(FaultKind.DELETE_NODE, t) for t in args.delete_node]
+    faults += [parse_node_fault(FaultKind.OUT_OF_SERVICE, t) for t in args.out_of_service]
     backoff_base, backoff_cap = _backoff(args.backoff)
     if args.prometheus and args.loopback:
         raise UsageError(
@@ -272,6 +356,12 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         prometheus=args.prometheus,
         cluster_sets=args.cluster_sets,
         images=dict(parse_image(t) for t in args.images),
+        node_timings=NodeTimings(
+            monitor_period=args.node_monitor_period,
+            grace_period=args.node_monitor_grace_period,
+            not_ready_toleration=args.default_not_ready_toleration_seconds,
+            unreachable_toleration=args.default_unreachable_toleration_seconds,
+        ),
     )
 
 

@@ -22,10 +22,15 @@ class FaultKind(str, Enum):
     PARTITION = "partition"  # pod link down (for DURATION seconds, or until the end)
     SCALE = "scale"  # set a worker StatefulSet's replicas
     RESTART_RENDEZVOUS = "restart-rendezvous"  # delete the etcd pod; the StatefulSet recreates it
+    NODE_DOWN = "node-down"  # the node's kubelet stops: its pods frozen and cut off
+    DELETE_NODE = "delete-node"  # the Node object deleted (its instance gone for good)
+    OUT_OF_SERVICE = "out-of-service"  # an admin's node.kubernetes.io/out-of-service taint
 
 
 #: Kinds that name a pod.
 POD_FAULTS = (FaultKind.KILL, FaultKind.PREEMPT, FaultKind.PARTITION)
+#: Kinds that name a node.
+NODE_FAULTS = (FaultKind.NODE_DOWN, FaultKind.DELETE_NODE, FaultKind.OUT_OF_SERVICE)
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,8 @@ class Fault:
     duration: float | None = None  # KILL/PREEMPT: down time; PARTITION: None keeps it down
     replicas: int | None = None  # SCALE only
     at_step: int | None = None  # fire when training reaches this step instead (`@step=N`)
+    #: NODE_DOWN: the node of this pod when it fires (`pod:NAME`); else target is the node.
+    node_of: str = ""
 
     def when(self) -> str:
         return f"step {self.at_step}" if self.at_step is not None else f"{self.at:g}s"
@@ -52,7 +59,10 @@ class Fault:
             return "restart-rendezvous"
         if self.kind is FaultKind.PARTITION and self.duration is not None:
             return f"partition {self.target} for {self.duration:g}s"
-        return f"{self.kind.value} {self.target}"
+        target = f"pod:{self.node_of}" if self.node_of else self.target
+        if self.kind is FaultKind.NODE_DOWN and self.duration is not None:
+            return f"node-down {target} for {self.duration:g}s"
+        return f"{self.kind.value} {target}"
 
 
 def schedule(faults: list[Fault]) -> list[Fault]:
@@ -78,13 +88,20 @@ class Injector:
         self.event = event
         self.scale = scale  # (namespace, name, replicas) through the API server; False: failed
         self.partitions: list[tuple[float, str]] = []  # (link up at, pod)
+        self.node_returns: list[tuple[float, str]] = []  # (back at, node)
 
     def unknown_pods(self) -> list[str]:
         """Pods named by a fault that no StatefulSet makes."""
+        named = [f.target for f in self.pending if f.kind in POD_FAULTS]
+        named += [f.node_of for f in self.pending if f.node_of]
+        return [name for name in named if self.cluster.owner(name) is None]
+
+    def unknown_nodes(self) -> list[str]:
+        """Nodes named by a fault that the profile does not have."""
         return [
             f.target
             for f in self.pending
-            if f.kind in POD_FAULTS and self.cluster.owner(f.target) is None
+            if f.kind in NODE_FAULTS and not f.node_of and f.target not in self.cluster.nodes
         ]
 
     def due(self, now: float, elapsed: float, step: int | None) -> list[Fault]:
@@ -105,6 +122,16 @@ class Injector:
                 out.append(pod)
         return out
 
+    def nodes_back(self, now: float) -> list[str]:
+        """Nodes whose time down ended now (their kubelet and pods go on)."""
+        out = []
+        for back_at, node in list(self.node_returns):
+            if now >= back_at:
+                self.node_returns.remove((back_at, node))
+                self.cluster.start_node(node, now)
+                out.append(node)
+        return out
+
     def fire(self, f: Fault, now: float) -> None:
         desc = f.describe()
         self.event(f"FAULT {desc} (at {f.when()})")
@@ -116,8 +143,32 @@ class Injector:
                 self.event("fault restart-rendezvous: no rendezvous pod")
             for p in targets:
                 self.cluster.delete(p, now)
+        elif f.kind in NODE_FAULTS:
+            self._node_fault(f, now)
         else:
             self._pod_fault(f, now)
+
+    def _node_fault(self, f: Fault, now: float) -> None:
+        node = f.target
+        if f.node_of:
+            pod = self._find_pod(f.node_of)
+            node = pod.node if pod is not None else ""
+            if not node:
+                self.event(f"fault {f.describe()}: pod {f.node_of!r} is on no node now")
+                return
+        if node not in self.cluster.nodes:
+            self.event(f"fault {f.describe()}: no node {node!r} (deleted, or not in the profile)")
+            return
+        if f.kind is FaultKind.NODE_DOWN:
+            self.cluster.stop_node(node, now)
+            if f.duration is not None:
+                self.node_returns.append((now + f.duration, node))
+        elif f.kind is FaultKind.DELETE_NODE:
+            self.cluster.delete_node(node, now)
+        elif f.kind is FaultKind.OUT_OF_SERVICE:
+            # What Kubernetes' docs tell an administrator to add to a node that is shut
+            # down for good (NodeOutOfServiceVolumeDetach, GA in 1.28).
+            self.cluster.taint_node(node, "node.kubernetes.io/out-of-service", "NoExecute")
 
     def _scale(self, f: Fault) -> None:
         sets = [(s.name, s.labels) for s in self.cluster.sets.values()]
@@ -133,6 +184,9 @@ class Injector:
         pod = self._find_pod(f.target)
         if pod is None:
             self.event(f"fault {f.describe()}: no pod {f.target!r} exists now")
+            return
+        if self.cluster.node_down(pod.node):
+            self.event(f"fault {f.describe()}: {pod.name}'s node {pod.node} is down")
             return
         if f.kind is FaultKind.KILL:
             self.cluster.kill(pod, now, down=f.duration or 0.0)

@@ -32,6 +32,7 @@ from typing import Any
 from localrun import chart, prometheus
 from localrun.cluster.apiserver import FakeApiServer
 from localrun.cluster.cluster import Cluster
+from localrun.cluster.nodelifecycle import node_events
 from localrun.cluster.nodes import internal_ip
 from localrun.cluster.pod import Phase, Pod
 from localrun.cluster.podobject import lifecycle_events, pod_object
@@ -145,15 +146,31 @@ class Runner(Setup, Ending):
                 self.state.fault(self._rel(now), f.describe())
             for pod in self.injector.healed(now):
                 self.state.pod_started(pod, self._rel(now), "link up")
+            for node in self.injector.nodes_back(now):
+                self.state.node(self._rel(now), node, "back")
             self.cluster.reconcile(now)
+            self._publish_nodes()
             self._publish_pods()
             self._poll_completion(now)
-            self.state.observe(self.cluster.pods(), self._partitioned)
+            self.state.observe(self.cluster.pods(), self._partitioned, self.cluster.node_down)
             self.progress.draw()
             done = self._finished(now)
             if done is not None:
                 return done
             time.sleep(0.1)
+
+    def _publish_nodes(self) -> None:
+        """The API server serves the Nodes as the control plane changed them."""
+        assert self.cluster is not None and self.api is not None
+        changed, deleted = self.cluster.node_lifecycle.take_changed()
+        for event in node_events(self.api.nodes, changed):
+            self.api.add_event(event)
+            self.state.node(self._rel(), event["involvedObject"]["name"], event["reason"])
+        for node in changed:
+            self.api.set_node(node)
+        for name in deleted:
+            self.api.remove_node(name)
+            self.state.node(self._rel(), name, "deleted")
 
     def _publish_pods(self) -> None:
         """The API server serves the pods as they are now (podobject.py)."""
@@ -201,6 +218,9 @@ class Runner(Setup, Ending):
                 self.state.line(pod, container, line, self._rel(t))
             elif item[0] == "evict":
                 self._evict(item[2])
+            elif item[0] == "delete":
+                _, _ns, name, grace, uid = item
+                self._delete(name, grace, uid)
             elif item[0] == "scale":
                 _, _ns, name, replicas = item
                 self.event(f"API: scale statefulset {name} to {replicas}")
@@ -218,8 +238,20 @@ class Runner(Setup, Ending):
         why = ("EvictionByEvictionAPI", "Eviction API: evicting")
         self.cluster.delete(pod, time.monotonic(), why=why)
 
+    def _delete(self, name: str, grace: int | None, uid: str) -> None:
+        """A DELETE through the API (the incarnation it named: a newer one is left alone);
+        grace 0 removes it from the API at once, as `kubectl delete --force --grace-period=0`."""
+        assert self.cluster is not None
+        pod = self.cluster.pod(name)
+        if pod is None or pod.uid != uid:
+            return
+        how = "force " if grace == 0 else ""
+        self.event(f"API: {how}delete pod {name} (on {pod.node or 'no node'})")
+        self.state.fault(self._rel(), f"{how}delete {name}")
+        self.cluster.delete(pod, time.monotonic(), why=None, grace=grace)
+
     def _partitioned(self, pod: str) -> bool:
-        pn = self.network.pods.get(pod) if self.network is not None else None
+        pn = self.network.sandbox(pod) if self.network is not None else None
         return pn is not None and not pn.up
 
     def _container_started(self, pod: Pod, c: Container) -> None:

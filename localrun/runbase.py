@@ -15,6 +15,7 @@ from localrun import chart, prometheus
 from localrun.cluster.apiserver import FakeApiServer
 from localrun.cluster.apiserver import Fault as ApiFault
 from localrun.cluster.cluster import Cluster
+from localrun.cluster.nodelifecycle import NodeTimings
 from localrun.cluster.pod import Pod
 from localrun.cluster.podspec import Container
 from localrun.faults import Fault, Injector
@@ -55,6 +56,7 @@ class RunConfig:
     prometheus: bool = False  # run Debian's prometheus on the pods (localrun/prometheus.py)
     cluster_sets: list[str] = field(default_factory=list)  # --cluster-set, with --prometheus
     images: dict[str, Path] = field(default_factory=dict)  # --image NAME=VENV
+    node_timings: NodeTimings = field(default_factory=NodeTimings)  # the node lifecycle's
 
 
 class Interrupted(Exception):

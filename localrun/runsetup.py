@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,8 @@ class Setup(RunnerBase):
         )
         for name in self.injector.unknown_pods():
             self.event(f"warning: no StatefulSet makes a pod named {name!r}")
+        for name in self.injector.unknown_nodes():
+            self.event(f"warning: profile {cfg.profile!r} has no node named {name!r}")
 
     def _issue_certificates(self, rendered: Rendered) -> None:
         """The cluster's CA (made per run) issues every Certificate's Secret, as
@@ -168,6 +171,9 @@ class Setup(RunnerBase):
         api.on_scale = lambda ns, name, replicas: self.events.put(("scale", ns, name, replicas))
         api.log_source = self._log_source
         api.on_evict = lambda ns, name: self.events.put(("evict", ns, name))
+        api.on_delete = lambda ns, name, grace, uid: self.events.put(
+            ("delete", ns, name, grace, uid)
+        )
         self.event(f"fake API server {api.url} with {len(nodes)} nodes ({cfg.profile})")
         # For kubectl and elastic-job on this machine: KUBECONFIG=<out>/kubeconfig.
         kubeconfig = self.outdir / "kubeconfig"
@@ -216,4 +222,6 @@ class Setup(RunnerBase):
             events=events,
             namespace=cfg.namespace,
             domain=cfg.cluster_domain,
+            timings=cfg.node_timings,
+            now=time.monotonic(),
         )

@@ -62,6 +62,7 @@ class PodState:
     step: int | None = None
     message: str = ""
     last_lines: list[str] = field(default_factory=list)
+    nodes: list[tuple[int, str]] = field(default_factory=list)  # (incarnation, node) in order
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class RunState:
         self.checkpoint_steps: list[int] = []
         self.reforms: list[Reform] = []
         self.faults: list[dict[str, Any]] = []
+        self.node_events: list[dict[str, Any]] = []
         self.steps_went_back_past_checkpoint = False
         self.error = ""
         self.duration = 0.0
@@ -144,13 +146,23 @@ class RunState:
     def pod(self, name: str) -> PodState:
         return self.pods.setdefault(name, PodState(name))
 
-    def observe(self, pods: Iterable[Pod], partitioned: Callable[[str], bool]) -> None:
+    def observe(
+        self,
+        pods: Iterable[Pod],
+        partitioned: Callable[[str], bool],
+        node_down: Callable[[str], bool] = lambda node: False,
+    ) -> None:
         """The cluster's pods now; pods no longer there are Deleted."""
         seen = set()
         for p in pods:
             seen.add(p.name)
             ps = self.pod(p.name)
-            ps.phase = "Partitioned" if partitioned(p.name) else p.phase.value
+            if p.node and node_down(p.node):
+                ps.phase = "NodeDown"
+            else:
+                ps.phase = "Partitioned" if partitioned(p.name) else p.phase.value
+            if p.node and (not ps.nodes or ps.nodes[-1] != (p.incarnation, p.node)):
+                ps.nodes.append((p.incarnation, p.node))
             ps.node = p.node or ps.node
             ps.ip = p.ip
             ps.restarts = p.restarts
@@ -167,6 +179,11 @@ class RunState:
     def fault(self, t: float, cause: str) -> None:
         self.faults.append({"at": round(t, 2), "fault": cause})
         self._pending.append(Reform(cause, t))
+
+    def node(self, t: float, node: str, what: str) -> None:
+        """A node's change as the control plane saw it (NodeNotReady, NodeReady, back, deleted)."""
+        self.node_events.append({"at": round(t, 2), "node": node, "event": what})
+        self.say(f"node {node}: {what}")
 
     def pod_started(self, pod: str, t: float, what: str = "joined") -> None:
         """A worker that may join the group: its container started, or its link came back."""
@@ -296,6 +313,7 @@ class RunState:
             "completed": self.completed,
             "final_step": self.step,
             "world_sizes": self.world_sizes,
+            "rounds": [{"at": round(r.at, 2), "nodes": r.nodes} for r in self.rounds],
             "rendezvous_rounds": self.rendezvous_rounds,
             "reforms": reforms,
             "pods": {
@@ -304,11 +322,13 @@ class RunState:
                     "restarts": p.restarts,
                     "recreated": p.recreated,
                     "node": p.node,
+                    "nodes": [node for _, node in p.nodes],
                 }
                 for name, p in sorted(self.pods.items())
             },
             "checkpoint_steps": self.checkpoint_steps,
             "faults": self.faults,
+            "node_events": self.node_events,
             "steps_went_back_past_checkpoint": self.steps_went_back_past_checkpoint,
             "etcd_complete": self.etcd_complete,
             "rendezvous_scaled_to_zero": self.rendezvous_scaled_to_zero,

@@ -8,10 +8,16 @@ logs (from `log_source`, podlogs.py), their HTTP endpoints, and evictions.
                                                                  follow=, tailLines=
     GET  /api/v1/namespaces/{ns}/pods/{name}:{port}/proxy/{path} the pod's HTTP endpoint
     POST /api/v1/namespaces/{ns}/pods/{name}/eviction            what `kubectl drain` sends
+    DELETE /api/v1/namespaces/{ns}/pods/{name}                   DeleteOptions:
+                                                                 gracePeriodSeconds (0: force),
+                                                                 preconditions uid and
+                                                                 resourceVersion (409 when
+                                                                 the object differs)
 """
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -34,9 +40,12 @@ from localrun.cluster.apirequest import (
 )
 from localrun.cluster.apistatus import not_allowed, not_found, status_object
 from localrun.cluster.apistore import Store
+from localrun.cluster.podobject import rfc3339
 
 #: (namespace, pod, container) -> the log file and the pod's incarnation; None: no pod.
 LogSource = Callable[[str, str, str], "tuple[Path, int] | None"]
+#: (namespace, pod, grace period or None for the pod's own, uid of the object deleted).
+DeleteCallback = Callable[[str, str, "int | None", str], None]
 PROXY_TIMEOUT = 5.0
 
 
@@ -51,6 +60,8 @@ class Pods:
         #: Called as on_evict(namespace, pod) for an accepted POST of pods/NAME/eviction
         #: (what `kubectl drain` sends); the cluster deletes the pod. None: 404.
         self.on_evict: Callable[[str, str], None] | None = None
+        #: Called for an accepted DELETE of a pod; the cluster deletes it. None: 405.
+        self.on_delete: DeleteCallback | None = None
 
     def publish(self, namespace: str, pods: list[JsonObject]) -> None:
         """The pods of `namespace` as they are now: new ones ADDED, changed ones MODIFIED
@@ -67,6 +78,8 @@ class Pods:
         target = req.target
         if target.subresource == "eviction":
             return self._evict(req.method, target)
+        if req.method == "DELETE" and target.name and not target.subresource:
+            return self._delete(target, req)
         if req.method != "GET":
             return Reply(405, not_allowed(req.method))
         if not target.name:
@@ -94,6 +107,41 @@ class Pods:
             "code": 201,
         }
         return Reply(201, body)
+
+    def _delete(self, target: Target, req: Request) -> Answer:
+        """DELETE pods/NAME with DeleteOptions (body, or gracePeriodSeconds in the query):
+        409 when a precondition (uid, resourceVersion) does not hold, in the real server's
+        words; else 200 with the pod as the deletion leaves it, then on_delete."""
+        if self.on_delete is None:
+            return Reply(405, not_allowed(req.method))
+        obj = self.store.get("pods", target.namespace, target.name)
+        if obj is None:
+            return Reply(404, not_found(target))
+        opts = req.body if isinstance(req.body, dict) else {}
+        grace = opts.get("gracePeriodSeconds")
+        if one(req.query, "gracePeriodSeconds").lstrip("-").isdigit():
+            grace = int(one(req.query, "gracePeriodSeconds"))
+        meta = obj["metadata"]
+        pre = opts.get("preconditions") or {}
+        for field, have in (("uid", meta["uid"]), ("resourceVersion", meta["resourceVersion"])):
+            want = pre.get(field)
+            if want is not None and str(want) != str(have):
+                shown = "UID" if field == "uid" else "ResourceVersion"
+                message = (
+                    f'Operation cannot be fulfilled on pods "{target.name}": Precondition '
+                    f"failed: {shown} in precondition: {want}, {shown} in object meta: {have}"
+                )
+                return Reply(409, status_object(409, message, target.details))
+        grace = None if grace is None else max(0, int(grace))
+        answer = dict(obj, metadata=dict(meta))
+        if grace != 0 and "deletionTimestamp" not in meta:
+            seconds = grace
+            if seconds is None:
+                seconds = int(obj["spec"].get("terminationGracePeriodSeconds", 30))
+            answer["metadata"]["deletionTimestamp"] = rfc3339(time.time() + seconds)
+            answer["metadata"]["deletionGracePeriodSeconds"] = seconds
+        self.on_delete(target.namespace, target.name, grace, str(meta["uid"]))
+        return Reply(200, answer)
 
     # -- logs -------------------------------------------------------------------------------
 

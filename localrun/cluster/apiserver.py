@@ -8,7 +8,8 @@ Each resource has its own handler, which holds its objects and answers its paths
 
     apinodes.py         nodes: get, list, watch; set and removed by the cluster
     apistatefulsets.py  statefulsets: get, list, watch; the scale subresource (on_scale)
-    apipods.py          pods: get, list, watch, log, proxy, eviction (on_evict)
+    apipods.py          pods: get, list, watch, log, proxy, eviction (on_evict), delete
+                        (on_delete)
     apievents.py        events: get, list, watch, create; those the cluster records
 
 with apirequest.py (what a path names, the answers), apistatus.py (Status bodies in the
@@ -56,7 +57,7 @@ from localrun.cluster.apievents import Events
 from localrun.cluster.apihttp import Handler, HttpsServer, https_server, send_answer, send_json
 from localrun.cluster.apilist import Lists
 from localrun.cluster.apinodes import Nodes
-from localrun.cluster.apipods import LogSource, Pods
+from localrun.cluster.apipods import DeleteCallback, LogSource, Pods
 from localrun.cluster.apirequest import JsonObject, Reply, Request, Resource, target
 from localrun.cluster.apistatefulsets import ScaleCallback, StatefulSets
 from localrun.cluster.apistatus import NO_SUCH_RESOURCE, fault_body, status_object
@@ -362,6 +363,16 @@ class FakeApiServer:
     @on_evict.setter
     def on_evict(self, callback: Callable[[str, str], None] | None) -> None:
         self.pod_api.on_evict = callback
+
+    @property
+    def on_delete(self) -> DeleteCallback | None:
+        """Called as on_delete(namespace, pod, grace, uid) for an accepted DELETE of a pod
+        (grace None: the pod's own; 0: force); the cluster deletes it. None: 405."""
+        return self.pod_api.on_delete
+
+    @on_delete.setter
+    def on_delete(self, callback: DeleteCallback | None) -> None:
+        self.pod_api.on_delete = callback
 
     @property
     def log_source(self) -> LogSource | None:

@@ -4,6 +4,14 @@ container runtime (runtime.py).
 Init containers in order, then the container; restartPolicy Always with exponential
 back-off (base, 2*base, ... capped, reset after the container ran long enough); deletion
 is SIGTERM to PID 1, then SIGKILL after terminationGracePeriodSeconds.
+
+One kubelet object stands for every node's: a node whose kubelet is stopped (`stop_node`:
+the node froze or lost its network) has its pods' processes frozen and cut off, and
+nothing of theirs changes: no restart, no deletion carried out, no status. When it comes
+back (`start_node`) the processes go on at once and the kubelet acts RELIST seconds later
+(its first list of the API's pods): it carries out deletions made meanwhile, and stops the
+containers of pods the API no longer has (`orphans`: force-deleted while it was away),
+with their spec's grace period, which is all it knows of them.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from localrun.cluster.runtime import ContainerRuntime, ContainerSpec, LineSink
 
 #: How long a pod whose container config cannot be built waits before the next try.
 CONFIG_ERROR_RETRY = 3600.0
+#: Seconds from a stopped kubelet's return to its first sync of the pods (a relist).
+RELIST = 1.0
 
 
 @dataclass
@@ -58,20 +68,78 @@ class Kubelet:
         self.nodes = nodes
         self.events = events
         self.backoffs: dict[str, Backoff] = {}
+        self.stopped: set[str] = set()  # nodes whose kubelet is stopped
+        self.back_at: dict[str, float] = {}  # node -> its first sync after it came back
+        #: Pods gone from the API whose containers still run (or are frozen) on their node.
+        self.orphans: list[Pod] = []
+
+    def active(self, node: str, now: float) -> bool:
+        """Whether the kubelet of `node` acts now ("": an unplaced pod, nobody's)."""
+        return not node or (node not in self.stopped and now >= self.back_at.get(node, 0.0))
 
     # -- what a user or a controller asks ------------------------------------------------
 
-    def delete(self, pod: Pod, now: float) -> None:
-        """`kubectl delete pod`: SIGTERM now, SIGKILL after the grace period."""
+    def delete(self, pod: Pod, now: float, grace: float | None = None) -> None:
+        """`kubectl delete pod`: the API sets its deletionTimestamp; its kubelet sends
+        SIGTERM now (or once it is back) and SIGKILL after the grace period."""
         if pod.deleting:
             return
         pod.deleting = True
         pod.deleted_at = time.time()
-        pod.kill_at = now + pod.sts.grace
+        pod.grace = pod.sts.grace if grace is None else grace
+        if self.active(pod.node, now):
+            self._terminate(pod, now)
+
+    def orphan(self, pod: Pod, now: float) -> None:
+        """The pod is gone from the API (grace 0): its kubelet stops what still runs, now
+        or when it is back, and removes the sandbox."""
+        if pod in self.orphans:
+            return
+        if not pod.deleting:
+            pod.deleting = True
+            pod.deleted_at = time.time()
+        self.orphans.append(pod)
+        if self.active(pod.node, now) and not pod.killing:
+            self._terminate(pod, now)
+
+    def _terminate(self, pod: Pod, now: float) -> None:
+        grace = pod.sts.grace if pod.grace is None else pod.grace
+        pod.killing = True
+        pod.kill_at = now + grace
         if pod.proc is not None:
             pod.enter(Phase.TERMINATING)
             pod.proc.terminate()
-            self.events.event(f"{pod.name}: deleting (SIGTERM, grace {pod.sts.grace:g}s)")
+            self.events.event(f"{pod.name}: deleting (SIGTERM, grace {grace:g}s)")
+
+    def stop_node(self, node: str, pods: list[Pod]) -> None:
+        """The node's kubelet stops, and with it the node: its pods' processes freeze where
+        they are and their sandboxes lose the network."""
+        self.stopped.add(node)
+        for pod in pods:
+            if pod.node != node:
+                continue
+            if pod.proc is not None:
+                pod.proc.freeze()
+            if pod.ip:
+                self.runtime.set_link(pod.name, pod.incarnation, False)
+        self.events.event(f"node {node}: kubelet stopped; its pods frozen and cut off")
+
+    def start_node(self, node: str, pods: list[Pod], now: float) -> None:
+        """The node is back: its processes go on, its pods' network is up; the kubelet
+        syncs RELIST s later."""
+        if node not in self.stopped:
+            return
+        self.stopped.discard(node)
+        self.back_at[node] = now + RELIST
+        for pod in pods:
+            if pod.node != node:
+                continue
+            if pod.ip:
+                self.runtime.set_link(pod.name, pod.incarnation, True)
+            if pod.proc is not None:
+                pod.proc.thaw()
+            pod.node_not_ready_at = None  # its status is the kubelet's again
+        self.events.event(f"node {node}: back; kubelet syncs in {RELIST:g}s")
 
     def kill(self, pod: Pod, now: float, down: float = 0.0) -> None:
         """SIGKILL every process of the pod's running container; restarted after back-off,
@@ -93,6 +161,10 @@ class Kubelet:
 
     def sync(self, pod: Pod, now: float) -> bool:
         """One step of the pod's lifecycle; True when the pod was removed."""
+        if not self.active(pod.node, now):
+            return False  # its kubelet is stopped, or not synced yet since it came back
+        if pod.deleting and not pod.killing:
+            self._terminate(pod, now)  # deleted while its kubelet was away
         if pod.proc is not None:
             rc = pod.proc.poll()
             if rc is None:
@@ -152,7 +224,7 @@ class Kubelet:
 
     def remove(self, pod: Pod) -> None:
         """The pod's sandbox and directory go; the pod is Gone."""
-        self.runtime.remove_sandbox(pod.name)
+        self.runtime.remove_sandbox(pod.name, pod.incarnation)
         if pod.dir is not None:
             shutil.rmtree(pod.dir, ignore_errors=True)
         pod.enter(Phase.GONE)
@@ -197,6 +269,7 @@ class Kubelet:
             mounts=volumes.mounts(pod, c, self.sources),
             working_dir=c.working_dir,
             log_path=self.cfg.logdir / pod.name / f"{c.name}.log",
+            incarnation=pod.incarnation,
         )
 
     def _start(self, pod: Pod, now: float) -> None:
@@ -232,7 +305,9 @@ class Kubelet:
         Returns the exit code of each main container that was running."""
         running = [(p, p.proc) for p in pods if p.proc is not None]
         codes: dict[str, int | None] = {}
-        for _, proc in running:
+        for p, proc in running:
+            if p.node in self.stopped:
+                proc.thaw()  # a frozen one would not act on SIGTERM
             proc.terminate()
         deadline = time.monotonic() + grace
         for p, proc in running:
@@ -240,7 +315,7 @@ class Kubelet:
             if rc is None:
                 proc.kill()
                 rc = proc.wait(5)
-            if not p.in_init:
+            if not p.in_init and p not in self.orphans:
                 codes[p.name] = rc
         for p in pods:
             p.deleting = True

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localrun.cluster.podspec import Container
 from localrun.cluster.runtime import RunningContainer
@@ -104,7 +104,9 @@ class Pod:
     failures_in_row: int = 0
     main_started: bool = False
     next_start: float = 0.0
-    deleting: bool = False
+    deleting: bool = False  # the API's deletionTimestamp is set
+    killing: bool = False  # its kubelet acts on the deletion (SIGTERM sent, or nothing ran)
+    grace: float | None = None  # the deletion's grace period (None: the spec's)
     kill_at: float | None = None
     down_until: float = 0.0
     message: str = ""
@@ -117,6 +119,11 @@ class Pod:
     deleted_at: float | None = None
     last_run: Termination | None = None  # the main container's last run that ended
     disruption: Disruption | None = None  # the DisruptionTarget condition, once set
+    #: As admission left them at creation (nodelifecycle.admitted_tolerations).
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    #: Wall-clock time the node lifecycle controller set the pod's Ready condition False
+    #: because its node is not Ready (its kubelet cannot report); None: it did not.
+    node_not_ready_at: float | None = None
 
     def enter(self, phase: Phase) -> None:
         if phase is not self.phase and phase not in TRANSITIONS[self.phase]:

@@ -10,6 +10,10 @@ The mapping from the lifecycle to what the kubelet reports:
                              CrashLoopBackOff; lastState terminated with its exit code
     Terminating              phase Running, deletionTimestamp set, not Ready
     DisruptionTarget         True from the deletion of a reclaimed node's pod (pod.disruption)
+    its node not Ready       the Ready condition False (the node lifecycle controller's
+                             MarkPodsNotReady); ContainersReady and the container status
+                             as the kubelet last posted them, ready
+    tolerations              as admission left them (DefaultTolerationSeconds)
 """
 
 from __future__ import annotations
@@ -114,9 +118,12 @@ def pod_object(pod: Pod, owner_uid: str, host_ip: str = "") -> JsonObject:
     if sts.annotations:
         meta["annotations"] = dict(sts.annotations)
     if pod.deleting:
-        meta["deletionTimestamp"] = rfc3339((pod.deleted_at or pod.created_at) + sts.grace)
-        meta["deletionGracePeriodSeconds"] = int(sts.grace)
+        grace = sts.grace if pod.grace is None else pod.grace
+        meta["deletionTimestamp"] = rfc3339((pod.deleted_at or pod.created_at) + grace)
+        meta["deletionGracePeriodSeconds"] = int(grace)
     spec = copy.deepcopy(sts.pod_spec)
+    if pod.tolerations:
+        spec["tolerations"] = copy.deepcopy(pod.tolerations)
     spec["hostname"] = pod.name
     if sts.service_name:
         spec["subdomain"] = sts.service_name
@@ -124,6 +131,7 @@ def pod_object(pod: Pod, owner_uid: str, host_ip: str = "") -> JsonObject:
         spec["nodeName"] = pod.node
     running = pod.phase == Phase.RUNNING and not pod.in_init and pod.proc is not None
     ready = running and not pod.deleting
+    node_ok = pod.node_not_ready_at is None
     container = sts.containers[0]
     status: JsonObject = {
         "phase": _phase(pod),
@@ -132,7 +140,11 @@ def pod_object(pod: Pod, owner_uid: str, host_ip: str = "") -> JsonObject:
             _condition("PodScheduled", bool(pod.node), pod.scheduled_at or pod.created_at),
             _condition("Initialized", not pod.in_init, pod.started_at if not pod.in_init else None),
             _condition("ContainersReady", ready, pod.started_at),
-            _condition("Ready", ready, pod.started_at),
+            _condition(
+                "Ready",
+                ready and node_ok,
+                pod.started_at if node_ok else pod.node_not_ready_at,
+            ),
         ],
     }
     if not pod.node and pod.message:
@@ -163,8 +175,32 @@ def pod_object(pod: Pod, owner_uid: str, host_ip: str = "") -> JsonObject:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": status}
 
 
+def _conditions(pod: JsonObject) -> dict[str, JsonObject]:
+    return {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
+
+
+def _node_not_ready(pod: JsonObject) -> bool:
+    """The node lifecycle controller's mark: Ready False while the containers are ready
+    (a kubelet never posts that; it sets both together)."""
+    c = _conditions(pod)
+    return (
+        c.get("Ready", {}).get("status") == "False"
+        and c.get("ContainersReady", {}).get("status") == "True"
+    )
+
+
+def _disruption(pod: JsonObject) -> str:
+    return str(_conditions(pod).get("DisruptionTarget", {}).get("reason", ""))
+
+
 def _event(
-    obj: JsonObject, reason: str, message: str, component: str, host: str = ""
+    obj: JsonObject,
+    reason: str,
+    message: str,
+    component: str,
+    host: str = "",
+    *,
+    kind: str = "Normal",
 ) -> JsonObject:
     meta = obj["metadata"]
     source: JsonObject = {"component": component, **({"host": host} if host else {})}
@@ -179,7 +215,7 @@ def _event(
         },
         "reason": reason,
         "message": message,
-        "type": "Normal",
+        "type": kind,
         "source": source,
         "count": 1,
     }
@@ -211,9 +247,17 @@ def lifecycle_events(before: dict[str, JsonObject], after: list[JsonObject]) -> 
         if node and (fresh or not (old or {}).get("spec", {}).get("nodeName")):
             message = f"Successfully assigned {meta['namespace']}/{name} to {node}"
             out.append(_event(new, "Scheduled", message, "default-scheduler"))
-        if meta.get("deletionTimestamp") and (
+        if _node_not_ready(new) and (fresh or not _node_not_ready(old or {})):
+            out.append(
+                _event(new, "NodeNotReady", "Node is not ready", "node-controller", kind="Warning")
+            )
+        deleted = meta.get("deletionTimestamp") and (
             fresh or not (old or {})["metadata"].get("deletionTimestamp")
-        ):
+        )
+        if deleted and _disruption(new) == "DeletionByTaintManager":
+            message = f"Marking for deletion Pod {meta['namespace']}/{name}"
+            out.append(_event(new, "TaintManagerEviction", message, "taint-eviction-controller"))
+        if deleted:
             container = new["spec"]["containers"][0]["name"]
             out.append(
                 _event(new, "Killing", f"Stopping container {container}", "kubelet", node or "")

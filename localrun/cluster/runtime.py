@@ -35,6 +35,7 @@ class ContainerSpec:
     mounts: list[BindMount]
     working_dir: str
     log_path: Path
+    incarnation: int = 1  # the pod's: which of its sandboxes the container runs in
 
 
 class RunningContainer(Protocol):
@@ -50,6 +51,12 @@ class RunningContainer(Protocol):
 
     def kill(self) -> None:
         """SIGKILL every process of the container."""
+
+    def freeze(self) -> None:
+        """Stop every process of the container where it is (its node froze)."""
+
+    def thaw(self) -> None:
+        """Let every process of the container go on (its node is back)."""
 
     def wait(self, timeout: float) -> int | None:
         """poll(), waiting up to `timeout` seconds."""
@@ -67,8 +74,11 @@ class ContainerRuntime(Protocol):
     def run_sandbox(self, pod: str, incarnation: int) -> str:
         """Make the pod's sandbox (network namespace, eth0); returns the pod's IP."""
 
-    def remove_sandbox(self, pod: str) -> None:
+    def remove_sandbox(self, pod: str, incarnation: int) -> None:
         """Remove the pod's sandbox; a pod without one is left alone."""
+
+    def set_link(self, pod: str, incarnation: int, up: bool) -> None:
+        """The sandbox's network link up or down (its node is cut off, or back)."""
 
     def publish_dns(self, pods: list[PodRecord], table: Mapping[str, list[str]]) -> None:
         """The cluster DNS changed: every sandbox resolves `table` from now on."""

@@ -64,10 +64,12 @@ class StatefulSetController:
         *,
         delete: Callable[[Pod, float], None],
         event: Callable[[str], None],
+        admit: Callable[[Pod], None] = lambda pod: None,
     ) -> None:
         self.sets = {s["metadata"]["name"]: StatefulSet(s) for s in statefulsets}
         self._delete = delete
         self._event = event
+        self._admit = admit  # what admission does to a pod at its creation
         self._down: dict[str, float] = {}  # pod name -> no recreation before this time
 
     def pods(self) -> list[Pod]:
@@ -95,6 +97,7 @@ class StatefulSetController:
                     pod = Pod(f"{sts.name}-{ordinal}", sts, ordinal, inc)
                     if inc > 1:
                         pod.down_until = self._down.pop(pod.name, 0.0)
+                    self._admit(pod)
                     sts.pods[ordinal] = pod
                     created = True
             for ordinal in sorted(sts.pods, reverse=True):

@@ -3,7 +3,10 @@
 Addresses come from 198.18.0.0/15 (the benchmarking range, RFC 2544) only: each run takes
 one free /24 of it, the bridge holds `.1` (the fake API server listens there) and pods get
 `.10` upwards, one address per pod name (kept when the pod is recreated, so a Service's
-name keeps pointing at its pod without a kube-proxy). Every pod has its own
+name keeps pointing at its pod without a kube-proxy), unless the pod's previous
+incarnation still holds it: a pod force-deleted on a node that is down keeps running
+there, in its own sandbox, while its new incarnation runs on another node with another
+address, as in a cluster. Sandboxes are known by (pod, incarnation). Every pod has its own
 /etc/netns/<ns>/hosts (bind-mounted over /etc/hosts by `ip netns exec`) with the
 Services' and pods' DNS names, and a resolv.conf whose nameserver refuses at once, so a
 name that is not in the hosts file fails fast, as NXDOMAIN would.
@@ -132,6 +135,7 @@ def bridge_mac(subnet: ipaddress.IPv4Network) -> str:
 @dataclass
 class PodNet:
     name: str  # pod name
+    incarnation: int
     netns: str  # "" without namespaces
     ip: str
     host_veth: str = ""
@@ -149,7 +153,8 @@ class Network:
         self.bridge = f"{prefix}br"
         self.subnet: ipaddress.IPv4Network | None = None
         self.host_ip = ""
-        self.pods: dict[str, PodNet] = {}
+        #: The sandboxes, by (pod name, incarnation).
+        self.pods: dict[tuple[str, int], PodNet] = {}
         self._ips: dict[str, str] = {}  # pod name -> address, stable over recreation
         self._next_host = 10
         self._veths = 0
@@ -173,8 +178,17 @@ class Network:
             run_ip("link", "set", self.bridge, "up")
         log.info("bridge %s %s", self.bridge, self.subnet)
 
+    def sandbox(self, pod: str, incarnation: int | None = None) -> PodNet | None:
+        """The pod's sandbox of that incarnation; None: its newest."""
+        if incarnation is not None:
+            return self.pods.get((pod, incarnation))
+        mine = [pn for (name, _), pn in self.pods.items() if name == pod]
+        return max(mine, key=lambda pn: pn.incarnation) if mine else None
+
     def address(self, pod: str) -> str:
-        if pod not in self._ips:
+        """The pod name's address; a new one when a sandbox of that name still holds it."""
+        held = {pn.ip for (name, _), pn in self.pods.items() if name == pod}
+        if pod not in self._ips or self._ips[pod] in held:
             assert self.subnet is not None
             if self._next_host > 254:
                 raise NetworkError(f"no address left in {self.subnet}")
@@ -189,8 +203,8 @@ class Network:
         netns = f"el-{self.prefix}-{pod}-{incarnation}"
         veth = f"{self.prefix}v{self._veths}"
         run_ip("netns", "add", netns)
-        pn = PodNet(pod, netns, ip, veth)
-        self.pods[pod] = pn
+        pn = PodNet(pod, incarnation, netns, ip, veth)
+        self.pods[(pod, incarnation)] = pn
         run_ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
         run_ip("link", "set", veth, "master", self.bridge, "up")
         run_ip("-n", netns, "addr", "add", f"{ip}/24", "dev", "eth0")
@@ -208,7 +222,7 @@ class Network:
         return pn
 
     def write_hosts(self, own: PodRecord, table: Mapping[str, list[str]], namespace: str) -> None:
-        pn = self.pods.get(own.name)
+        pn = next((p for (n, _), p in self.pods.items() if n == own.name and p.ip == own.ip), None)
         if pn is None or not pn.netns:
             return
         etc = NETNS_ETC / pn.netns
@@ -226,27 +240,28 @@ class Network:
                 fh.truncate()
                 fh.write(text)
 
-    def set_link(self, pod: str, up: bool) -> None:
-        pn = self.pods.get(pod)
+    def set_link(self, pod: str, up: bool, incarnation: int | None = None) -> None:
+        """The sandbox's link up or down (None: the pod's newest sandbox)."""
+        pn = self.sandbox(pod, incarnation)
         if pn is None:
             return
         run_ip("link", "set", pn.host_veth, "up" if up else "down", check=False)
         pn.up = up
 
-    def remove_pod(self, pod: str) -> None:
-        pn = self.pods.pop(pod, None)
+    def remove_pod(self, pod: str, incarnation: int) -> None:
+        pn = self.pods.pop((pod, incarnation), None)
         if pn is None:
             return
         run_ip("link", "del", pn.host_veth, check=False)
         run_ip("netns", "del", pn.netns, check=False)
         shutil.rmtree(NETNS_ETC / pn.netns, ignore_errors=True)
 
-    def exec_prefix(self, pod: str) -> list[str]:
-        return ["ip", "netns", "exec", self.pods[pod].netns]
+    def exec_prefix(self, pod: str, incarnation: int) -> list[str]:
+        return ["ip", "netns", "exec", self.pods[(pod, incarnation)].netns]
 
     def teardown(self) -> None:
-        for pod in list(self.pods):
-            self.remove_pod(pod)
+        for pod, incarnation in list(self.pods):
+            self.remove_pod(pod, incarnation)
         if self._made_bridge:
             run_ip("link", "del", self.bridge, check=False)
             self._made_bridge = False
@@ -273,20 +288,20 @@ class LoopbackNetwork(Network):
         self.host_ip = str(subnet.network_address + 1)
 
     def add_pod(self, pod: str, incarnation: int) -> PodNet:
-        pn = PodNet(pod, "", self.address(pod))
-        self.pods[pod] = pn
+        pn = PodNet(pod, incarnation, "", self.address(pod))
+        self.pods[(pod, incarnation)] = pn
         return pn
 
     def write_hosts(self, own: PodRecord, table: Mapping[str, list[str]], namespace: str) -> None:
         return
 
-    def set_link(self, pod: str, up: bool) -> None:
-        log.warning("partition of %s skipped: no network namespaces without root", pod)
+    def set_link(self, pod: str, up: bool, incarnation: int | None = None) -> None:
+        log.warning("link of %s left up: no network namespaces without root", pod)
 
-    def remove_pod(self, pod: str) -> None:
-        self.pods.pop(pod, None)
+    def remove_pod(self, pod: str, incarnation: int) -> None:
+        self.pods.pop((pod, incarnation), None)
 
-    def exec_prefix(self, pod: str) -> list[str]:
+    def exec_prefix(self, pod: str, incarnation: int) -> list[str]:
         return []
 
     def teardown(self) -> None:

@@ -214,6 +214,31 @@ class ContainerProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
+    def _tree(self) -> list[int]:
+        """Every process of the container, parents before children."""
+        return [self.proc.pid, *descendants(self.proc.pid)]
+
+    def freeze(self) -> None:
+        """SIGSTOP every process of the container, again until no new one appears (a
+        process may fork while the first ones stop): what a frozen node does to them."""
+        stopped: set[int] = set()
+        for _ in range(20):
+            fresh = [p for p in self._tree() if p not in stopped]
+            if not fresh:
+                return
+            for p in fresh:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGSTOP)
+                stopped.add(p)
+
+    def thaw(self) -> None:
+        """SIGCONT every process, children first and the entrypoint (the container's PID
+        1) last: whatever the entrypoint must do before its children act has to be fast
+        enough to win without help (a cgroup freezer thaws all at once)."""
+        for p in reversed(self._tree()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+
     def wait(self, timeout: float) -> int | None:
         try:
             rc = self.proc.wait(timeout)

@@ -32,8 +32,11 @@ class HostRuntime:
     def run_sandbox(self, pod: str, incarnation: int) -> str:
         return self.network.add_pod(pod, incarnation).ip
 
-    def remove_sandbox(self, pod: str) -> None:
-        self.network.remove_pod(pod)
+    def remove_sandbox(self, pod: str, incarnation: int) -> None:
+        self.network.remove_pod(pod, incarnation)
+
+    def set_link(self, pod: str, incarnation: int, up: bool) -> None:
+        self.network.set_link(pod, up, incarnation)
 
     def publish_dns(self, pods: list[PodRecord], table: Mapping[str, list[str]]) -> None:
         self._table = dict(table)
@@ -48,7 +51,11 @@ class HostRuntime:
         else:
             env, argv = loopback_rewrite(env, argv, spec.mounts, self._table)
         full = container_argv(
-            self.network.exec_prefix(spec.pod), spec.mounts, spec.pod, spec.working_dir, argv
+            self.network.exec_prefix(spec.pod, spec.incarnation),
+            spec.mounts,
+            spec.pod,
+            spec.working_dir,
+            argv,
         )
         return ContainerProcess(
             spec.pod,

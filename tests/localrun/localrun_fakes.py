@@ -10,6 +10,7 @@ from typing import Any
 from localrun.cluster.cluster import Cluster
 from localrun.cluster.dns import PodRecord
 from localrun.cluster.kubelet import KubeletConfig, PodEvents
+from localrun.cluster.nodelifecycle import NodeTimings
 from localrun.cluster.pod import Pod
 from localrun.cluster.podspec import Container
 from localrun.cluster.runtime import ContainerSpec, LineSink
@@ -23,14 +24,23 @@ class FakeContainer:
         self.rc: int | None = None
         self.signals: list[str] = []
         self.exit_on_term: int | None = 0  # None: ignores SIGTERM
+        self.frozen = False
 
     def poll(self) -> int | None:
         return self.rc
 
     def terminate(self) -> None:
         self.signals.append("TERM")
-        if self.exit_on_term is not None:
+        if self.exit_on_term is not None and not self.frozen:
             self.rc = self.exit_on_term
+
+    def freeze(self) -> None:
+        self.signals.append("STOP")
+        self.frozen = True
+
+    def thaw(self) -> None:
+        self.signals.append("CONT")
+        self.frozen = False
 
     def kill(self) -> None:
         self.signals.append("KILL")
@@ -46,18 +56,25 @@ class FakeRuntime:
 
     def __init__(self) -> None:
         self.now = 0.0
-        self.sandboxes: dict[str, int] = {}
+        self.sandboxes: dict[str, int] = {}  # pod -> its newest sandbox's incarnation
+        self.links: dict[tuple[str, int], bool] = {}  # (pod, incarnation) -> link up
         self.containers: list[FakeContainer] = []
         self.hosts: dict[str, dict[str, list[str]]] = {}
         self._next = 10
 
     def run_sandbox(self, pod: str, incarnation: int) -> str:
         self.sandboxes[pod] = incarnation
+        self.links[(pod, incarnation)] = True
         self._next += 1
         return f"10.0.0.{self._next}"
 
-    def remove_sandbox(self, pod: str) -> None:
-        self.sandboxes.pop(pod, None)
+    def remove_sandbox(self, pod: str, incarnation: int) -> None:
+        if self.sandboxes.get(pod) == incarnation:
+            del self.sandboxes[pod]
+        self.links.pop((pod, incarnation), None)
+
+    def set_link(self, pod: str, incarnation: int, up: bool) -> None:
+        self.links[(pod, incarnation)] = up
 
     def publish_dns(self, pods: list[PodRecord], table: Mapping[str, list[str]]) -> None:
         for rec in pods:
@@ -115,7 +132,13 @@ SERVICE = {
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, *sts: dict[str, Any], nodes: dict[str, Any] = NODES):
+    def __init__(
+        self,
+        tmp_path: Path,
+        *sts: dict[str, Any],
+        nodes: dict[str, Any] = NODES,
+        timings: NodeTimings | None = None,
+    ):
         self.runtime = FakeRuntime()
         self.events: list[str] = []
         self.exits: list[tuple[str, str, int]] = []
@@ -139,6 +162,7 @@ class Harness:
                 container_exited=self._exited,
             ),
             namespace="ns",
+            timings=timings,
         )
 
     def _exited(self, pod: Pod, c: Container, rc: int, now: float) -> None:

@@ -353,6 +353,44 @@ def test_an_eviction_reaches_the_cluster(api: FakeApiServer, core: client.CoreV1
     assert err.value.status == 404 and evicted == [(NS, "w-0")]
 
 
+def test_a_delete_checks_its_preconditions_and_reaches_the_cluster(
+    api: FakeApiServer, core: client.CoreV1Api
+) -> None:
+    deleted: list[tuple[str, str, int | None, str]] = []
+    api.on_delete = lambda ns, name, grace, uid: deleted.append((ns, name, grace, uid))
+    api.publish_pods(NS, [pod("w-0")])
+    version = core.read_namespaced_pod("w-0", NS).metadata.resource_version
+    stale = client.V1DeleteOptions(
+        grace_period_seconds=0, preconditions=client.V1Preconditions(uid="uid-of-another")
+    )
+    with pytest.raises(ApiException) as err:
+        core.delete_namespaced_pod("w-0", NS, body=stale)
+    assert err.value.status == 409 and message(err.value) == (
+        'Operation cannot be fulfilled on pods "w-0": Precondition failed: UID in '
+        "precondition: uid-of-another, UID in object meta: uid-w-0"
+    )
+    moved = client.V1DeleteOptions(
+        grace_period_seconds=0,
+        preconditions=client.V1Preconditions(uid="uid-w-0", resource_version="1"),
+    )
+    with pytest.raises(ApiException) as err:
+        core.delete_namespaced_pod("w-0", NS, body=moved)
+    assert err.value.status == 409 and "ResourceVersion in precondition: 1" in message(err.value)
+    assert deleted == []
+    exact = client.V1DeleteOptions(
+        grace_period_seconds=0,
+        preconditions=client.V1Preconditions(uid="uid-w-0", resource_version=version),
+    )
+    core.delete_namespaced_pod("w-0", NS, body=exact)
+    assert deleted == [(NS, "w-0", 0, "uid-w-0")]
+    answer = core.delete_namespaced_pod("w-0", NS, grace_period_seconds=30)
+    assert answer.metadata.deletion_grace_period_seconds == 30
+    assert deleted[-1] == (NS, "w-0", 30, "uid-w-0")
+    with pytest.raises(ApiException) as err:
+        core.delete_namespaced_pod("w-9", NS)
+    assert err.value.status == 404
+
+
 def test_the_clusters_events_for_a_pod_made_placed_deleted_and_made_again(tmp_path: Path) -> None:
     from localrun.cluster.podobject import lifecycle_events  # noqa: PLC0415
 

@@ -75,10 +75,10 @@ def test_pick_subnet_stays_in_the_benchmark_range_and_avoids_used_ones() -> None
     assert got == ipaddress.ip_network("198.19.1.0/24")
 
 
-def _connects(net: Network, pod: str, host: str, port: int) -> bool:
+def _connects(net: Network, pod: tuple[str, int], host: str, port: int) -> bool:
     code = f"import socket; socket.create_connection(({host!r}, {port}), timeout=2).close()"
     proc = subprocess.run(
-        [*net.exec_prefix(pod), sys.executable, "-c", code],
+        [*net.exec_prefix(*pod), sys.executable, "-c", code],
         check=False,
         capture_output=True,
         timeout=30,
@@ -109,10 +109,34 @@ def test_the_host_stays_reachable_when_the_pod_whose_port_gave_the_bridge_its_ad
         keeper = max(mac, key=mac.__getitem__)  # the others include the lowest address
         assert _connects(net, keeper, net.host_ip, port)  # its ARP cache now holds the host
         for pod in [p for p in mac if p != keeper]:
-            net.remove_pod(pod)
+            net.remove_pod(*pod)
         assert _connects(net, keeper, net.host_ip, port), (
             "the host is unreachable from the pod left"
         )
     finally:
         listener.close()
+        net.teardown()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and ip"
+)
+def test_a_pod_made_again_while_its_old_sandbox_still_runs_gets_an_address_of_its_own() -> None:
+    # A pod force-deleted on a node that is down still runs there; its new incarnation on
+    # another node has another address, and each keeps its own link.
+    net = Network(f"e{os.getpid()}", "cluster.local")
+    net.setup()
+    try:
+        old = net.add_pod("w-0", 1)
+        new = net.add_pod("w-0", 2)
+        assert old.ip != new.ip and old.netns != new.netns
+        assert net.sandbox("w-0") is new and net.sandbox("w-0", 1) is old
+        net.set_link("w-0", False, 1)
+        assert not old.up and new.up
+        net.remove_pod("w-0", 1)
+        net.remove_pod("w-0", 2)
+        third = net.add_pod("w-0", 3)  # nothing holds the name's address now: kept
+        assert third.ip == new.ip
+        net.remove_pod("w-0", 3)
+    finally:
         net.teardown()
