@@ -81,7 +81,11 @@ class Ending(RunnerBase):
         if self._rel(now) > self.cfg.timeout:
             return self._end(End(EXIT_FAILED, f"timed out after {self.cfg.timeout:g}s"))
         worker_sets = [s for s in self.cluster.sets.values() if chart.is_worker(s.labels)]
-        workers = [p for p in self.cluster.pods() if chart.is_worker(p.labels)]
+        # A pod on a node that is down stays there (Terminating, once deleted) until the
+        # node is back, deleted or the pod force-deleted, as in a cluster: it cannot hold
+        # up the run's end, which says it is left.
+        everywhere = [p for p in self.cluster.pods() if chart.is_worker(p.labels)]
+        workers = [p for p in everywhere if not self.cluster.node_down(p.node)]
         scaled_to_zero = bool(worker_sets) and all(s.replicas == 0 for s in worker_sets)
         if scaled_to_zero and not workers and not self.state.completed:
             self._check_completion(now)  # the marker may be set since the last poll
@@ -92,6 +96,9 @@ class Ending(RunnerBase):
             self.cfg.give_up_after,
             lambda pod: (self.state.pod(pod).last_lines or ["(no worker line)"])[-1],
         )
+        if end is not None and len(workers) < len(everywhere):
+            left = ", ".join(f"{p.name} on {p.node}" for p in everywhere if p not in workers)
+            end = End(end.code, f"{end.message} (left on nodes that are down: {left})")
         return None if end is None else self._end(end)
 
     def _end(self, end: End) -> int:

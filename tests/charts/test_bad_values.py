@@ -246,6 +246,22 @@ CASES = [
         ("topology.labelMap.LD_PRELOAD={evil.example/label}",),
     ),
     Bad("topology-timeout-above-600", "topology.timeoutSeconds", ("topology.timeoutSeconds=601",)),
+    Bad("topology-mismatch-unknown", "topology.mismatch", ("topology.mismatch=stop",)),
+    Bad(
+        "node-loss-not-ready-negative",
+        "nodeLoss.notReadyTolerationSeconds",
+        ("nodeLoss.notReadyTolerationSeconds=-1",),
+    ),
+    Bad(
+        "node-loss-unreachable-not-a-number",
+        "nodeLoss.unreachableTolerationSeconds",
+        ("nodeLoss.unreachableTolerationSeconds=soon",),
+    ),
+    Bad(
+        "node-loss-reclaim-after-negative",
+        "nodeLoss.reclaim.afterSeconds",
+        ("nodeLoss.reclaim.afterSeconds=-5",),
+    ),
     Bad(
         "mesh-required-without-interfaces",
         "mesh.interfaces",

@@ -130,6 +130,62 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/*
+"true" when the workers reclaim a dead node's pod slot (nodeLoss.reclaim.enabled, with a
+ServiceAccount the Role is bound to and its token mounted; _validate.tpl refuses it
+without) and there is a pod to name; else "". Never a Role without pod names: an empty
+resourceNames would grant every pod of the namespace.
+*/}}
+{{- define "elastic-job.reclaim" -}}
+{{- $v := .Values -}}
+{{- if and $v.nodeLoss.reclaim.enabled (or $v.serviceAccount.create $v.serviceAccount.name) $v.worker.automountServiceAccountToken (include "elastic-job.podNames" . | trim) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
+Every worker pod name the chart's replicas make, one a line: each group's StatefulSet name
+and its ordinals 0 to replicas - 1. Linear in the pods (the reclaim Role's resourceNames).
+*/}}
+{{- define "elastic-job.podNames" -}}
+{{- range $group, $g := .Values.workerGroups }}
+{{- if $g }}
+{{- $sts := include "elastic-job.statefulsetName" (dict "root" $ "group" $group) }}
+{{- range $i := until ($g.replicas | int) }}
+{{ printf "%s-%d" $sts $i }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+A group's tolerations with those of nodeLoss: node.kubernetes.io/not-ready and unreachable,
+NoExecute, for nodeLoss.*TolerationSeconds (null: no limit), unless the list tolerates
+that taint already (the same key or none, NoExecute or every effect: the rule of
+Kubernetes' DefaultTolerationSeconds admission, which would add its 300 s otherwise).
+Call with (dict "root" $ "tolerations" <list>); returns the list as YAML.
+*/}}
+{{- define "elastic-job.nodeLossTolerations" -}}
+{{- $out := .tolerations | default list -}}
+{{- $nl := .root.Values.nodeLoss -}}
+{{- range $key, $seconds := dict "node.kubernetes.io/not-ready" $nl.notReadyTolerationSeconds "node.kubernetes.io/unreachable" $nl.unreachableTolerationSeconds -}}
+{{- $covered := false -}}
+{{- range $t := $out -}}
+{{- if and (has ($t.key | default "") (list "" $key)) (has ($t.effect | default "") (list "" "NoExecute")) -}}
+{{- $covered = true -}}
+{{- end -}}
+{{- end -}}
+{{- if not $covered -}}
+{{- $t := dict "key" $key "operator" "Exists" "effect" "NoExecute" -}}
+{{- if not (kindIs "invalid" $seconds) -}}
+{{- $_ := set $t "tolerationSeconds" ($seconds | int64) -}}
+{{- end -}}
+{{- $out = append $out $t -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
 {{/* The LocalQueue the worker StatefulSets go to: gang.kueue.queueName, else the one the
 chart creates (gang.kueue.localQueue.create), named like the release. */}}
 {{- define "elastic-job.kueueQueueName" -}}
@@ -303,6 +359,7 @@ topologySpreadConstraints, resources, gpus, priorityClassName) replace when the 
 {{- $_ := set $out $key (index $w $key) -}}
 {{- end -}}
 {{- end -}}
+{{- $_ := set $out "tolerations" (include "elastic-job.nodeLossTolerations" (dict "root" .root "tolerations" $out.tolerations) | fromYamlArray) -}}
 {{- toYaml $out -}}
 {{- end -}}
 

@@ -159,6 +159,9 @@ the elastic-job-cluster chart. The keys stay in the schema only to say where the
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- if and $v.nodeLoss.reclaim.enabled (not (and (or $v.serviceAccount.create $v.serviceAccount.name) $v.worker.automountServiceAccountToken)) -}}
+{{- fail "nodeLoss.reclaim.enabled is true but the workers have no token to delete a pod with: it needs a ServiceAccount (serviceAccount.create=true, or serviceAccount.name) and worker.automountServiceAccountToken=true; set those, or nodeLoss.reclaim.enabled=false" -}}
+{{- end -}}
 {{- if and $v.gang.volcano.enabled (not $v.gang.volcano.queue) -}}
 {{- fail "gang.volcano.queue is empty while gang.volcano.enabled is true: name a Volcano queue (e.g. default)" -}}
 {{- end -}}
