@@ -34,15 +34,17 @@ class UsageError(ValueError):
 _SECONDS = r"(\d+(?:\.\d+)?)"
 _WHEN = r"(\d+(?:\.\d+)?|step=\d+)"
 _NAME = r"([a-z0-9](?:[-a-z0-9.]*[a-z0-9])?)"
-_POD_AT = re.compile(rf"^{_NAME}@{_WHEN}(?::{_SECONDS})?$")
-_NODE_AT = re.compile(rf"^(pod:)?{_NAME}@{_WHEN}(?::{_SECONDS})?$")
+_POD = r"(rank:\d+|[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?)"  # a pod name, or rank:N
+_POD_AT = re.compile(rf"^{_POD}@{_WHEN}(?::{_SECONDS})?$")
+_NODE_AT = re.compile(rf"^(pod:)?{_POD}@{_WHEN}(?::{_SECONDS})?$")
 _SCALE = re.compile(rf"^{_NAME}=(\d+)@{_WHEN}$")
 _AT = re.compile(rf"^@?{_WHEN}$")
 _FORMS = {
-    FaultKind.KILL: "POD@WHEN[:DOWN], e.g. demo-w-1@40 or demo-w-1@step=20:15",
-    FaultKind.PREEMPT: "POD@WHEN[:DOWN], e.g. demo-w-1@40 or demo-w-1@step=20:15",
-    FaultKind.PARTITION: "POD@WHEN[:DURATION], e.g. demo-w-1@40:20",
-    FaultKind.NODE_DOWN: "NODE@WHEN[:DURATION], e.g. local-spot-0@40:120 or pod:demo-w-1@step=20",
+    FaultKind.KILL: "POD@WHEN[:DOWN], e.g. demo-w-1@40, demo-w-1@step=20:15 or rank:1@step=20",
+    FaultKind.PREEMPT: "POD@WHEN[:DOWN], e.g. demo-w-1@40 or rank:1@step=20:15",
+    FaultKind.PARTITION: "POD@WHEN[:DURATION], e.g. demo-w-1@40:20 or rank:1@step=20:20",
+    FaultKind.NODE_DOWN: "NODE@WHEN[:DURATION], e.g. local-spot-0@40:120, pod:demo-w-1@step=20 "
+    "or rank:1@step=20",
     FaultKind.DELETE_NODE: "NODE@WHEN, e.g. local-spot-0@90 or pod:demo-w-1@90",
     FaultKind.OUT_OF_SERVICE: "NODE@WHEN, e.g. local-spot-0@90 or pod:demo-w-1@90",
 }
@@ -71,15 +73,15 @@ def parse_partition(text: str) -> Fault:
 
 def parse_node_fault(kind: FaultKind, text: str) -> Fault:
     """`NODE@WHEN[:DURATION]` for --node-down (no DURATION: down for good), `NODE@WHEN` for
-    --delete-node and --out-of-service; NODE is a node of the profile, or `pod:POD` for the
-    node that pod runs on when the fault fires."""
+    --delete-node and --out-of-service; NODE is a node of the profile, or `pod:POD` (or
+    `rank:N`) for the node that pod (the pod at group rank N) runs on when it fires."""
     m = _NODE_AT.match(text.strip())
     if not m or (m.group(4) is not None and kind is not FaultKind.NODE_DOWN):
         raise UsageError(f"--{kind.value} {text!r}: expected {_FORMS[kind]}")
     at, step = _when(m.group(3))
     duration = float(m.group(4)) if m.group(4) is not None else None
     name = m.group(2)
-    if m.group(1):
+    if m.group(1) or name.startswith("rank:"):
         return Fault(kind, at, target="", duration=duration, at_step=step, node_of=name)
     return Fault(kind, at, target=name, duration=duration, at_step=step)
 

@@ -27,6 +27,9 @@ class FaultKind(str, Enum):
     OUT_OF_SERVICE = "out-of-service"  # an admin's node.kubernetes.io/out-of-service taint
 
 
+#: A target naming the pod at a group rank of the current round when the fault fires
+#: (`rank:1`): a pod that trains, whichever it is.
+RANK = "rank:"
 #: Kinds that name a pod.
 POD_FAULTS = (FaultKind.KILL, FaultKind.PREEMPT, FaultKind.PARTITION)
 #: Kinds that name a node.
@@ -41,7 +44,8 @@ class Fault:
     duration: float | None = None  # KILL/PREEMPT: down time; PARTITION: None keeps it down
     replicas: int | None = None  # SCALE only
     at_step: int | None = None  # fire when training reaches this step instead (`@step=N`)
-    #: NODE_DOWN: the node of this pod when it fires (`pod:NAME`); else target is the node.
+    #: Node faults: the node of this pod when it fires (`pod:NAME`, or `rank:N`); else
+    #: target is the node.
     node_of: str = ""
 
     def when(self) -> str:
@@ -81,20 +85,24 @@ class Injector:
         *,
         event: Callable[[str], None],
         scale: Callable[[str, str, int], bool],
+        rank: Callable[[int], str | None] = lambda n: None,
     ) -> None:
         self.pending = schedule(faults)
         self.cluster = cluster
         self.network = network
         self.event = event
         self.scale = scale  # (namespace, name, replicas) through the API server; False: failed
+        self.rank = rank  # the pod at group rank N of the current round (`rank:N` targets)
         self.partitions: list[tuple[float, str]] = []  # (link up at, pod)
         self.node_returns: list[tuple[float, str]] = []  # (back at, node)
 
     def unknown_pods(self) -> list[str]:
-        """Pods named by a fault that no StatefulSet makes."""
+        """Pods named by a fault that no StatefulSet makes (`rank:N` names none)."""
         named = [f.target for f in self.pending if f.kind in POD_FAULTS]
         named += [f.node_of for f in self.pending if f.node_of]
-        return [name for name in named if self.cluster.owner(name) is None]
+        return [
+            name for name in named if not name.startswith(RANK) and self.cluster.owner(name) is None
+        ]
 
     def unknown_nodes(self) -> list[str]:
         """Nodes named by a fault that the profile does not have."""
@@ -199,6 +207,11 @@ class Injector:
                 self.partitions.append((now + f.duration, pod.name))
 
     def _find_pod(self, name: str) -> Pod | None:
+        if name.startswith(RANK):
+            who = self.rank(int(name[len(RANK) :]))
+            if who is None:
+                return None
+            name = who
         pod = self.cluster.pod(name)
         if pod is not None:
             return pod

@@ -57,6 +57,7 @@ class Setup(RunnerBase):
             self.network,
             event=self.event,
             scale=self._scale_via_api,
+            rank=self.state.pod_at_rank,
         )
         for name in self.injector.unknown_pods():
             self.event(f"warning: no StatefulSet makes a pod named {name!r}")

@@ -26,6 +26,8 @@ from typing import Any
 from localrun.chart import Attempt, TrainEvent, WorkerMessage, parse_line
 from localrun.cluster.pod import Pod
 
+#: Seconds between the attempt lines of one round's members, at most (they start together).
+ROUND_SKEW = 10.0
 #: How many of a pod's last notable lines are kept (for the error of a run that gave up).
 LAST_LINES = 5
 
@@ -94,6 +96,8 @@ class RunState:
         self.reforms: list[Reform] = []
         self.faults: list[dict[str, Any]] = []
         self.node_events: list[dict[str, Any]] = []
+        #: Each pod's group rank in the last round it joined, and when it said so.
+        self.ranks: dict[str, tuple[int, float]] = {}
         self.steps_went_back_past_checkpoint = False
         self.error = ""
         self.duration = 0.0
@@ -135,6 +139,17 @@ class RunState:
         return self._world
 
     # -- inputs --------------------------------------------------------------------------
+
+    def pod_at_rank(self, rank: int) -> str | None:
+        """The pod at group rank `rank` of the newest round (its members print their
+        attempt lines together: within ROUND_SKEW s of rank 0's); None: no such pod."""
+        if not self.rounds:
+            return None
+        newest = self.rounds[-1].at
+        found = [
+            (t, pod) for pod, (r, t) in self.ranks.items() if r == rank and t >= newest - ROUND_SKEW
+        ]
+        return max(found)[1] if found else None
 
     def complete(self, t: float, how: str) -> None:
         """The job is complete (seen at `t`); the earliest sighting counts."""
@@ -204,6 +219,7 @@ class RunState:
                 self.say(f"{pod}: {ev.text}")
 
     def attempt(self, pod: str, t: float, a: Attempt) -> None:
+        self.ranks[pod] = (a.group_rank, t)
         if a.group_rank != 0:
             return
         self.rounds.append(Round(t, a.nodes, a.world_size, a.restart))

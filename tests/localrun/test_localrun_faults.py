@@ -13,6 +13,7 @@ from localrun.cli import (
     build_parser,
     config_from_args,
     normalize_argv,
+    parse_node_fault,
     parse_partition,
     parse_pod_fault,
     parse_restart_rendezvous,
@@ -122,7 +123,7 @@ class LinkRecorder(LoopbackNetwork):
         super().__init__("t", "cluster.local")
         self.links: list[tuple[str, bool]] = []
 
-    def set_link(self, pod: str, up: bool) -> None:
+    def set_link(self, pod: str, up: bool, incarnation: int | None = None) -> None:
         self.links.append((pod, up))
 
 
@@ -131,7 +132,10 @@ ETCD = {"app.kubernetes.io/component": "rendezvous"}
 
 
 def _injector(
-    tmp_path: Path, faults: list[Fault], api_scales: bool = True
+    tmp_path: Path,
+    faults: list[Fault],
+    api_scales: bool = True,
+    rank: dict[int, str] | None = None,
 ) -> tuple[Harness, Injector, LinkRecorder, list[tuple[str, str, int]]]:
     h = Harness(
         tmp_path,
@@ -145,7 +149,8 @@ def _injector(
         asked.append((ns, name, replicas))
         return api_scales
 
-    inj = Injector(faults, h.cluster, net, event=h.events.append, scale=scale)
+    ranks = rank or {}
+    inj = Injector(faults, h.cluster, net, event=h.events.append, scale=scale, rank=ranks.get)
     h.tick(0)
     for pod in ("demo-job-default-0", "demo-job-default-1", "demo-etcd-0"):
         h.runtime.running(pod, "init").rc = 0
@@ -208,3 +213,57 @@ def test_faults_naming_pods_no_statefulset_makes_are_reported(tmp_path: Path) ->
     ]
     _, inj, _, _ = _injector(tmp_path, faults)
     assert inj.unknown_pods() == ["demo-job-default-x", "nobody-0"]
+
+
+def test_node_faults_name_a_node_a_pods_node_or_a_ranks_node() -> None:
+    f = parse_node_fault(FaultKind.NODE_DOWN, "local-spot-0@40:120")
+    assert (f.target, f.node_of, f.at, f.duration) == ("local-spot-0", "", 40.0, 120.0)
+    f = parse_node_fault(FaultKind.NODE_DOWN, "pod:demo-w-1@step=20")
+    assert (f.target, f.node_of, f.at_step, f.duration) == ("", "demo-w-1", 20, None)
+    f = parse_node_fault(FaultKind.NODE_DOWN, "rank:1@step=20")
+    assert f.node_of == "rank:1" and f.describe() == "node-down pod:rank:1"
+    f = parse_node_fault(FaultKind.DELETE_NODE, "n1@90")
+    assert (f.kind, f.target) == (FaultKind.DELETE_NODE, "n1")
+    assert parse_pod_fault(FaultKind.KILL, "rank:2@step=9").target == "rank:2"
+    with pytest.raises(UsageError, match="expected NODE@WHEN,"):
+        parse_node_fault(FaultKind.DELETE_NODE, "n1@90:30")  # only node-down takes a duration
+    with pytest.raises(UsageError, match="expected"):
+        parse_node_fault(FaultKind.NODE_DOWN, "Node_1@40")
+
+
+def test_the_command_line_takes_node_faults_and_the_control_planes_durations() -> None:
+    cfg = _cfg(
+        "--node-down", "pod:w-1@step=8",
+        "--delete-node", "n1@90",
+        "--out-of-service", "n2@95",
+        "--node-monitor-grace-period", "10",
+        "--default-unreachable-toleration-seconds", "20",
+    )  # fmt: skip
+    kinds = [f.kind for f in cfg.faults]  # type: ignore[attr-defined]
+    assert kinds == [FaultKind.NODE_DOWN, FaultKind.DELETE_NODE, FaultKind.OUT_OF_SERVICE]
+    timings = cfg.node_timings  # type: ignore[attr-defined]
+    assert (timings.grace_period, timings.unreachable_toleration) == (10.0, 20)
+    assert (timings.monitor_period, timings.not_ready_toleration) == (5.0, 300)
+
+
+def test_a_node_down_stops_the_node_of_the_pod_at_a_rank_and_brings_it_back(
+    tmp_path: Path,
+) -> None:
+    down = Fault(FaultKind.NODE_DOWN, 1, node_of="rank:1", duration=30)
+    h, inj, _, _ = _injector(tmp_path, [down], rank={1: "demo-job-default-1"})
+    node = h.pod("demo-job-default-1").node
+    inj.due(1, 1, None)
+    assert h.cluster.node_down(node) and not h.cluster.node_down(h.pod("demo-job-default-0").node)
+    kill = Fault(FaultKind.KILL, 2, target="demo-job-default-1")
+    inj.fire(kill, 2)  # a pod on a node that is down: nothing to signal
+    assert "demo-job-default-1's node" in h.events[-1]
+    assert inj.nodes_back(30.9) == []
+    assert inj.nodes_back(31) == [node] and not h.cluster.node_down(node)
+
+
+def test_a_rank_nobody_holds_is_said_and_skipped(tmp_path: Path) -> None:
+    kill = Fault(FaultKind.KILL, 1, target="rank:5")
+    h, inj, _, _ = _injector(tmp_path, [kill])
+    assert inj.unknown_pods() == []  # not known before it fires
+    inj.due(1, 1, None)
+    assert "no pod 'rank:5' exists now" in h.events[-1]

@@ -210,3 +210,14 @@ def test_a_fault_in_a_run_without_steps_is_resolved_by_the_next_round() -> None:
     assert (kill["cause"], kill["world_size"], kill["seconds"]) == ("kill p1", 2, 6.5)
     assert "new rendezvous round" in kill["note"]
     assert late["seconds"] is None and "no training step" in late["note"]
+
+
+def test_the_pod_at_a_group_rank_of_the_newest_round() -> None:
+    s = RunState()
+    assert s.pod_at_rank(1) is None
+    attempt(s, 10, 3)
+    assert s.pod_at_rank(1) == "p1" and s.pod_at_rank(3) is None
+    # a new round of two in which p2 has rank 1; p1 (lost) kept its old line
+    s.line("p0", "worker", ATTEMPT.format(r=1, g=0, n=2), 40)
+    s.line("p2", "worker", ATTEMPT.format(r=1, g=1, n=2), 40.2)
+    assert s.pod_at_rank(1) == "p2"
