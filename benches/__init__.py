@@ -9,6 +9,7 @@ command line). Figures are printed beside a baseline measured in the same run.
     init_topology.py       scripts/bench-init-topology: the init container end to end
     reform_monitoring.py   scripts/bench-reform-monitoring: whether metrics slow a re-form
     render.py              scripts/bench-render: `helm template` with many worker groups
+    spares.py              scripts/bench-spares: back at full size after a loss, with a spare
 
 Shared by them:
 
