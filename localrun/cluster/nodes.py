@@ -35,6 +35,15 @@ NODE_PROFILES: dict[str, tuple[str, ...]] = {
         "local-ondemand-1",
         "local-system-0",
     ),
+    # Nodes of two kinds for one job (topology.mismatch): an A100 node beside two H100
+    # nodes (GPU feature discovery's labels; the local pods request no GPU), and the
+    # system node for etcd, which avoids GPU nodes. Three workers land one per GPU node.
+    "mixed": (
+        "local-gpu-a100-0",
+        "local-gpu-h100-0",
+        "local-gpu-h100-1",
+        "local-system-0",
+    ),
 }
 NODE_PROFILES["all"] = NODE_PROFILES["cloud"] + NODE_PROFILES["local"]
 

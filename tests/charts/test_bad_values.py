@@ -258,9 +258,9 @@ CASES = [
         ("nodeLoss.unreachableTolerationSeconds=soon",),
     ),
     Bad(
-        "node-loss-reclaim-after-negative",
+        "node-loss-reclaim-after-zero",
         "nodeLoss.reclaim.afterSeconds",
-        ("nodeLoss.reclaim.afterSeconds=-5",),
+        ("nodeLoss.reclaim.afterSeconds=0",),
     ),
     Bad(
         "mesh-required-without-interfaces",

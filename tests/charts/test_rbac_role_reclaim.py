@@ -12,6 +12,8 @@ from chart_render import (
     ELASTIC_JOB,
     NAMESPACE,
     RELEASE,
+    container,
+    env_of,
     objects,
     one,
     render_error,
@@ -83,3 +85,16 @@ def test_reclaim_with_no_pod_to_name_renders_no_role_never_an_empty_resource_nam
 def test_reclaim_without_a_token_is_refused_by_name(sets: tuple[str, ...]) -> None:
     err = render_error(ELASTIC_JOB, sets=["nodeLoss.reclaim.enabled=true", *sets])
     assert "nodeLoss.reclaim.enabled" in err.stderr and "ServiceAccount" in err.stderr
+
+
+def test_reclaim_settings_reach_the_worker() -> None:
+    (sts,) = worker_statefulsets(
+        objects(
+            ELASTIC_JOB,
+            sets=["nodeLoss.reclaim.enabled=true", "nodeLoss.reclaim.afterSeconds=12"],
+        )
+    )
+    env = env_of(container(sts, "worker"))
+    assert env["ELASTIC_RECLAIM"] == "true" and env["ELASTIC_RECLAIM_AFTER"] == "12"
+    (off,) = worker_statefulsets(objects(ELASTIC_JOB))
+    assert env_of(container(off, "worker"))["ELASTIC_RECLAIM"] == "false"

@@ -182,6 +182,16 @@ EXPECTED |= {
     "local-ondemand-1": _local("local-ondemand-1", "local-b", "on-demand"),
     "local-system-0": _local("local-system-0", "local-a", "on-demand", "c-2x-amd64-linux"),
 }
+# The `mixed` profile's GPU nodes (GPU feature discovery's labels): one job, two models.
+EXPECTED |= {
+    name: _local(name, zone, "on-demand", "g-8x-gpu")
+    | {"NODE_GPU_MODEL": model, "NODE_GPU_COUNT": "8"}
+    for name, zone, model in (
+        ("local-gpu-a100-0", "local-a", "NVIDIA-A100-SXM4-80GB"),
+        ("local-gpu-h100-0", "local-a", "NVIDIA-H100-80GB-HBM3"),
+        ("local-gpu-h100-1", "local-b", "NVIDIA-H100-80GB-HBM3"),
+    )
+}
 
 
 def config(node_name: str = "n", label_map: str = "", user_env: str = "") -> Config:

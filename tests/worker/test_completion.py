@@ -242,6 +242,42 @@ def test_success_after_another_pod_scaled_etcd_away_exits_0_at_once(tmp_path: Pa
         assert time.monotonic() - start < 10
 
 
+def test_no_leave_at_the_signal_when_etcd_is_gone_because_the_job_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end of a job: the first pod to finish scales etcd to 0 and the workers to 0, so
+    the others get SIGTERM while their etcd goes away. Their leave at the signal must not
+    try (it printed 'could not leave rendezvous' and python-etcd's name-resolution retries
+    at the end of every successful run): etcd's silence, with the rendezvous at 0 replicas,
+    is the job's end. With the rendezvous still up, etcd's silence is no end: it leaves."""
+    left: list[int] = []
+    monkeypatch.setattr(leave, "leave", lambda _cfg, _id, _addr, pid: left.append(pid))
+    with FakeApiServer(workdir=tmp_path / "api") as api:
+        api.add_statefulset("default", "run42-etcd", replicas=0)
+        env = {
+            **BASE,
+            "ELASTIC_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",  # etcd already gone
+            "ELASTIC_SCALE_DOWN": "true",
+            "ELASTIC_RENDEZVOUS_STATEFULSET": "run42-etcd",
+            "ELASTIC_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir),
+            **api.env(),
+        }
+        cfg = config.load(["train.py"], env)
+        done = Completion(kvstore.connect(cfg), cfg)
+        leaving = leave.Leaving(cfg, "run42", "127.0.0.1", done)
+        leaving.at_signal(4242)
+        assert leaving._thread is not None
+        leaving._thread.join(10)
+        assert left == []
+        assert done.known()
+        api.add_statefulset("default", "run42-etcd", replicas=1)
+        mid_job = leave.Leaving(cfg, "run42", "127.0.0.1", Completion(kvstore.connect(cfg), cfg))
+        mid_job.at_signal(4243)
+        assert mid_job._thread is not None
+        mid_job._thread.join(10)
+        assert left == [4243]
+
+
 @pytest.mark.parametrize("complete", [True, False], ids=["complete", "not-complete"])
 def test_a_pod_stopped_in_the_gate_exits_0_only_when_the_job_is_complete(
     etcd: EtcdServer, tmp_path: Path, complete: bool

@@ -126,7 +126,8 @@ def test_the_etcd_v3_backend_passes_the_gate_on_an_etcd_without_v2(
     req = urllib.request.Request(f"{etcd.url}/v3/kv/range", json.dumps({"key": key}).encode())
     with urllib.request.urlopen(req, timeout=5) as resp:
         (kv,) = json.load(resp)["kvs"]
-    assert base64.b64decode(kv["value"]) == b"198.18.0.9"  # docs/contracts.md: the pod IP
+    member = json.loads(base64.b64decode(kv["value"]))  # docs/contracts.md: the member value
+    assert member["ip"] == "198.18.0.9"
     assert int(kv["lease"]) != 0  # gone with its lease when the pod stops renewing it
 
 
@@ -204,7 +205,8 @@ def test_the_peer_gate_registers_with_a_ttl_and_waits_for_min_nodes(etcd: EtcdSe
     with urllib.request.urlopen(url, timeout=5) as resp:
         node = json.loads(resp.read())["node"]
     assert 0 < node["ttl"] <= members.MEMBER_TTL
-    assert node["value"] == "198.18.0.9"  # docs/contracts.md: the pod IP
+    member = json.loads(node["value"])  # docs/contracts.md: the member value
+    assert (member["ip"], member["addr"]) == ("198.18.0.9", "127.0.0.1")
 
 
 def test_the_mesh_gate_waits_for_a_mesh_interface(etcd: EtcdServer, tmp_path: Path) -> None:

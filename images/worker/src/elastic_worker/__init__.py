@@ -12,15 +12,18 @@ pod's life:
     settings/        every ELASTIC_* variable defined once (definitions.py, schema.py),
                      read into one Config (config.py, rendezvous.py, envfile.py)
     gate/            the readiness gate: its wait (wait.py), probes (probes.py), peer
-                     registration (members.py), the interface choice (netif.py), locked
-                     memory for RDMA (memlock.py), all in order (ready.py)
+                     registration (members.py), the job's kind of node (topology.py),
+                     the interface choice (netif.py), locked memory for RDMA
+                     (memlock.py), all in order (ready.py)
     launch/          torchrun's argv and environment (argv.py), the attempt shim and its
                      line (attempt_line.py), torchrun supervised (supervisor.py)
     completion.py    whether the job is complete: every decision about it
     scaledown.py     the job's StatefulSets scaled to 0 at its end
     recovery/        what a re-form takes: silent-loss detection (lossdetect.py), leaving
                      the round (leave.py), lifelines to the peers (lifelines/), rendezvous
-                     epochs (epochs.py), torch's public rendezvous API (rendezvous.py)
+                     epochs (epochs.py), torch's public rendezvous API (rendezvous.py);
+                     what a lost node takes: this incarnation fenced (fence.py), the
+                     dead node's pod reclaimed (reclaim.py)
     torchcompat.py   torch's private rendezvous internals, behind one fence
     warm/            warm starts: a server that forks training processes (server.py,
                      child.py) and the client torchrun runs (client.py), protocol.py

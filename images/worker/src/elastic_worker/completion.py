@@ -142,6 +142,19 @@ class Completion:
     #: this pod set the marker (its JobCompleted Event goes on the StatefulSet too)
     marked: bool = False
     asked_after_signal: bool = False
+    #: this pod knows the job is complete (any of the points below said so)
+    done: bool = False
+
+    def known(self) -> bool:
+        """Whether this pod knows the job is complete (no request)."""
+        return self.done
+
+    def found(self) -> bool:
+        """Whether the job is complete, asked now when not known (etcd, else the
+        rendezvous' scale: a finished job takes its etcd away); remembered."""
+        if not self.done and complete_now(self.client, self.config):
+            self.done = True
+        return self.done
 
     def during_gate(self) -> bool:
         """The gate cannot reach etcd yet: done when the rendezvous was scaled to 0."""
@@ -151,6 +164,7 @@ class Completion:
         """etcd answers: done when the marker is there (raises EtcdError)."""
         if not is_complete(self.client, self.config):
             return False
+        self.done = True
         logger.info(
             "job %s is already complete (%s): exiting 0 without joining",
             self.config.job_id,
@@ -161,15 +175,16 @@ class Completion:
     def while_running(self) -> bool:
         """Polled while torchrun runs: the job completed elsewhere (etcd errors: not yet)."""
         try:
-            return is_complete(self.client, self.config)
+            self.done = self.done or is_complete(self.client, self.config)
         except kvstore.EtcdError as exc:
             logger.debug("completion check failed: %s", exc)
-            return False
+        return self.done
 
     def after_success(self) -> None:
         """torchrun exited 0: set the marker (retried while etcd is away, unless the job's
         etcd was scaled away by a pod that finished first), then scale the job down."""
         deadline = time.monotonic() + MARK_FOR
+        self.done = True
         while True:
             try:
                 self.marked = mark_complete(self.client, self.config)
@@ -192,6 +207,7 @@ class Completion:
         """torchrun failed with `code`: 0 when the job is complete (seen while it ran, or
         marked by another pod within `failure_wait`), else `code`."""
         if seen_complete or wait_complete(self.client, self.config, self.failure_wait):
+            self.done = True
             logger.info(
                 "torchrun exited with %d but job %s is complete: exit 0", code, self.config.job_id
             )
@@ -205,12 +221,14 @@ class Completion:
         when the job is complete. Asked once per pod (`asked_after_signal`): the answer
         decides its exit code."""
         self.asked_after_signal = True
-        return complete_now(self.client, self.config, within=STOPPED_ASK)
+        self.done = self.done or complete_now(self.client, self.config, within=STOPPED_ASK)
+        return self.done
 
     def before_leave(self) -> bool:
         """A leave at the signal is skipped at the end of the job: every pod is told to stop
-        then, nobody re-forms (one quick read; an error counts as not complete)."""
-        try:
-            return is_complete(self.client.with_timeout(LEAVE_ASK), self.config)
-        except kvstore.EtcdError:
-            return False
+        then, nobody re-forms. One quick read; when etcd cannot answer, the rendezvous'
+        scale (the first pod to finish scales etcd away as the others are told to stop);
+        neither can say: not complete."""
+        if not self.done and complete_now(self.client.with_timeout(LEAVE_ASK), self.config):
+            self.done = True
+        return self.done

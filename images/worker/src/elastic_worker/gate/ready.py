@@ -1,6 +1,7 @@
 """The gate, in order: the endpoint resolves and etcd answers (or the job turns out to be
 complete), the mesh interface is up when required, the NCCL/gloo interface is chosen, and
-min-nodes peers registered. Bounded by ELASTIC_GATE_TIMEOUT as a whole."""
+min-nodes peers registered, and this pod's kind of node is the job's (topology.py).
+Bounded by ELASTIC_GATE_TIMEOUT as a whole."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 from elastic_worker import exits
 from elastic_worker.completion import Completion
 from elastic_worker.gate import netif, probes
-from elastic_worker.gate.members import Registration
+from elastic_worker.gate.members import MEMBER_TTL, Registration
+from elastic_worker.gate.topology import Gate as KindGate
 from elastic_worker.gate.wait import (
     Check,
     Completed,
@@ -76,9 +78,21 @@ def pass_gate(
         choice, local_addr = choose_interface(cfg, resolver.address)
         registration = None
         if cfg.gate_peers:
-            registration = Registration(client, cfg, cfg.pod_ip or local_addr or "")
+            registration = Registration(
+                client,
+                cfg,
+                cfg.pod_ip or local_addr or "",
+                addr=local_addr or "",
+                complete=completion.known,
+                confirm=completion.found,
+            )
             peers = Check(f"{cfg.min_nodes} peers", registration.probe)
             wait([peers], left(), stop=stop)
+            kind = KindGate(client, cfg, registration.kinds, MEMBER_TTL)
+            if kind.active:
+                registration.also = kind.refresh
+                job_kind = Check("the job's kind of node", unless_complete(kind.probe, done))
+                wait([job_kind], left(), stop=stop)
     except Fatal as exc:
         logger.error("%s", exc)
         raise exits.Exit(exc.exit_code) from None

@@ -210,9 +210,10 @@ class Client:
             query["prevValue"] = prev_value
         return _entry(self._request("PUT", key, query or None, form)["node"])
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, prev_value: str | None = None) -> None:
+        query = {"prevValue": prev_value} if prev_value is not None else None
         with contextlib.suppress(KeyNotFound):
-            self._request("DELETE", key)
+            self._request("DELETE", key, query)
 
     def list_dir(self, key: str) -> list[Entry]:
         """The direct children of a directory; empty when it does not exist."""

@@ -144,8 +144,30 @@ class Client:
             raise NodeExists(f"key already exists ({key})")
         raise CompareFailed(f"compare failed ({key}: not {prev_value!r})")
 
-    def delete(self, key: str) -> None:
-        self._call(lambda: self._etcd.delete(key.encode()))
+    def delete(self, key: str, *, prev_value: str | None = None) -> None:
+        raw = key.encode()
+        if prev_value is None:
+            self._call(lambda: self._etcd.delete(raw))
+        else:
+            reply = self._call(
+                lambda: self._etcd.txn(
+                    compare=[
+                        {
+                            "key": v3.b64(raw),
+                            "target": "VALUE",
+                            "result": "EQUAL",
+                            "value": v3.b64(prev_value.encode()),
+                        }
+                    ],
+                    success=[{"request_delete_range": {"key": v3.b64(raw)}}],
+                    failure=[{"request_range": {"key": v3.b64(raw)}}],
+                )
+            )
+            if not reply.get("succeeded", False):
+                responses = reply.get("responses") or [{}]
+                if responses[0].get("response_range", {}).get("kvs"):
+                    raise CompareFailed(f"compare failed ({key}: not {prev_value!r})")
+                return  # gone already
         with self._lock:
             held = self._leases.pop(key, None)
         if held is not None:

@@ -118,8 +118,9 @@ class KeyStore(Protocol):
         CompareFailed when the comparison fails)."""
         ...
 
-    def delete(self, key: str) -> None:
-        """Remove the key; a key already gone is no error."""
+    def delete(self, key: str, *, prev_value: str | None = None) -> None:
+        """Remove the key; a key already gone is no error. `prev_value`: only while it
+        holds that value (CompareFailed when it holds another)."""
         ...
 
     def list_dir(self, key: str) -> list[Entry]:

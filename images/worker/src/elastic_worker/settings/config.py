@@ -55,6 +55,7 @@ NODE_INFO = (
 )
 
 BACKENDS = ("etcd-v2", "etcd-v3")
+MISMATCH_MODES = ("refuse", "warn", "off")
 
 _JOB_ID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
@@ -110,6 +111,11 @@ class Config:
     node_name: str
     # The node's topology from /etc/inject/env, as label -> value (metrics.NODE_INFO).
     node_info: tuple[tuple[str, str], ...]
+    # What the gate compares with the job's: NODE_GPU_MODEL, NODE_GPU_COUNT, NODE_FABRIC.
+    node_kind: tuple[str, str, str]
+    reclaim: bool
+    reclaim_after: float
+    topology_mismatch: str
     pod_ip: str
     local_addr: str
     nccl_socket_ifname: str
@@ -228,6 +234,15 @@ def _backend(env: Mapping[str, str]) -> str:
     return raw
 
 
+def _mismatch(env: Mapping[str, str]) -> str:
+    raw = text(env, "ELASTIC_TOPOLOGY_MISMATCH")
+    if raw in MISMATCH_MODES:
+        return raw
+    raise ConfigError(
+        f"ELASTIC_TOPOLOGY_MISMATCH={raw!r}: use refuse, warn or off (chart: topology.mismatch)"
+    )
+
+
 def _nproc(env: Mapping[str, str]) -> str:
     raw = text(env, "ELASTIC_NPROC_PER_NODE")
     if raw in {"auto", "cpu", "gpu"} or (raw.isdigit() and int(raw) >= 1):
@@ -323,6 +338,14 @@ def load(
         pod_uid=text(env, "POD_UID"),
         node_name=text(env, "NODE_NAME"),
         node_info=tuple((label, text(env, var)) for label, var in NODE_INFO),
+        node_kind=(
+            text(env, "NODE_GPU_MODEL"),
+            text(env, "NODE_GPU_COUNT"),
+            text(env, "NODE_FABRIC"),
+        ),
+        reclaim=_bool(env, "ELASTIC_RECLAIM"),
+        reclaim_after=_seconds(env, "ELASTIC_RECLAIM_AFTER"),
+        topology_mismatch=_mismatch(env),
         pod_ip=text(env, "POD_IP"),
         local_addr=text(env, "ELASTIC_LOCAL_ADDR"),
         nccl_socket_ifname=text(env, "NCCL_SOCKET_IFNAME"),

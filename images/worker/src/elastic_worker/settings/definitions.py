@@ -267,6 +267,33 @@ SETTINGS: tuple[Setting, ...] = (
         "record Kubernetes Events on this pod and its StatefulSet (docs/contracts.md, Events)",
     ),
     Setting(
+        "ELASTIC_RECLAIM",
+        Kind.BOOL,
+        "false",
+        Source.VALUE,
+        "nodeLoss.reclaim.enabled, with a service account and its token mounted",
+        "force-delete the pod of a peer this pod took out of the round once its node is "
+        "NotReady for ELASTIC_RECLAIM_AFTER s, so that its StatefulSet places it on a "
+        "healthy node (recovery/reclaim.py)",
+    ),
+    Setting(
+        "ELASTIC_RECLAIM_AFTER",
+        Kind.SECONDS,
+        "30",
+        Source.VALUE,
+        "nodeLoss.reclaim.afterSeconds",
+        "seconds a lost peer's pod must be seen on a NotReady node before it is deleted",
+    ),
+    Setting(
+        "ELASTIC_TOPOLOGY_MISMATCH",
+        Kind.MISMATCH,
+        "refuse",
+        Source.VALUE,
+        "topology.mismatch",
+        "a node whose GPU model, GPU count or fabric differs from the job's: refuse (wait "
+        "at the gate), warn (one line, then join) or off (gate/topology.py)",
+    ),
+    Setting(
         "ELASTIC_LOCAL_ADDR",
         Kind.TEXT,
         "",
@@ -313,7 +340,8 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         Source.KUBELET,
         "metadata.uid",
-        "the involvedObject.uid of this pod's Events (so `kubectl describe pod` lists them)",
+        "this incarnation of the pod: in its member value (a pod made again is told from the "
+        "one it replaced) and the involvedObject.uid of its Events",
     ),
     Setting(
         "NODE_NAME",
@@ -353,7 +381,25 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         Source.USER,
         "init-topology (/etc/inject/env)",
-        "the gpu_model label of elastic_job_node_info",
+        "the gpu_model label of elastic_job_node_info; compared with the job's "
+        "(ELASTIC_TOPOLOGY_MISMATCH)",
+    ),
+    Setting(
+        "NODE_GPU_COUNT",
+        Kind.TEXT,
+        "",
+        Source.USER,
+        "init-topology (/etc/inject/env)",
+        "the node's GPUs; compared with the job's (ELASTIC_TOPOLOGY_MISMATCH)",
+    ),
+    Setting(
+        "NODE_FABRIC",
+        Kind.TEXT,
+        "",
+        Source.USER,
+        "init-topology (/etc/inject/env)",
+        "the node's fabric (infiniband, roce, efa, ...); compared with the job's "
+        "(ELASTIC_TOPOLOGY_MISMATCH)",
     ),
     Setting(
         "NODE_ZONE",

@@ -23,6 +23,7 @@ class Kind(Enum):
     PORT = "port 1-65535"
     NPROC = "integer >= 1, auto, cpu or gpu"
     SECONDS = "seconds > 0"
+    MISMATCH = "refuse, warn or off"
     BOOL = "true or false"
     GLOBS = "comma-separated globs"
     NAMES = "comma-separated names"
