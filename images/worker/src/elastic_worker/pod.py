@@ -2,10 +2,12 @@
 another, the end; and the services around torchrun, started and stopped by one owner.
 
     run()        memlock check, Events, metrics; gate/ready.py; _train(); the exit code
-    _train()     the services (member refresh, attempt follower, loss detection, warm
-                 server, lifeline server) on one ExitStack, then Epochs.run()
+    _train()     the services (member refresh, attempt follower, this incarnation's
+                 fence, reclaim, loss detection, warm server, lifeline server) on one
+                 ExitStack, then Epochs.run()
     Epochs       torchrun supervised in the current epoch; in the next while torch closed
-                 it early (recovery/epochs.py); a lifeline watcher per torchrun
+                 it early (recovery/epochs.py); a lifeline watcher per torchrun; a pod
+                 that was replaced (recovery/fence.py) waits for its kubelet
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ from elastic_worker.launch import argv
 from elastic_worker.launch.attempt_line import ensure_log
 from elastic_worker.launch.supervisor import Supervisor
 from elastic_worker.observe import events
-from elastic_worker.recovery import epochs, lossdetect
+from elastic_worker.recovery import epochs, lossdetect, reclaim
+from elastic_worker.recovery.fence import Fence
 from elastic_worker.recovery.leave import Leaving
 from elastic_worker.recovery.lifelines import client as lifelines
 from elastic_worker.recovery.lifelines import server as lifeline_server
+from elastic_worker.recovery.reclaim import Reclaimer
 from elastic_worker.settings.config import Config
 from elastic_worker.torchcompat import RdzvNode
 from elastic_worker.warm import server as warm
@@ -54,6 +58,7 @@ class Relay:
 
     stop: threading.Event = field(default_factory=threading.Event)
     supervisor: Supervisor | None = None
+    fence: Fence | None = None
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         self.stop.set()
@@ -122,6 +127,8 @@ def run(cfg: Config, client: kvstore.KeyStore, relay: Relay) -> int:
 def _record_end(recorder: events.Recorder, code: int, relay: Relay, completion: Completion) -> None:
     """The pod's last Event: it left on SIGTERM, or training succeeded (on the StatefulSet
     too when this pod set the completion marker: once per job)."""
+    if relay.fence is not None and relay.fence.fenced.is_set():
+        return  # replaced: the new incarnation speaks for the pod
     if relay.stop.is_set() and code != exits.OK:
         recorder.record(
             "LeftOnSignal",
@@ -236,8 +243,24 @@ def _train(
         follower = _start_follower(tracker, ready, env) if tracker is not None else None
         if follower is not None:
             services.callback(follower.stop)
+        fence = Fence(cfg, client, ready.registration, relay.torchrun_pid)
+        relay.fence = fence
+        if ready.registration is not None:
+            ready.registration.on_replaced = fence.replaced
+            ready.registration.fenced = fence.fenced.is_set
+        reclaimer = reclaim.start(cfg, lambda: fence.holding, completion.known, recorder)
+        if reclaimer is not None:
+            services.callback(reclaimer.stop)
         if cfg.loss_detection:
-            services.callback(lossdetect.start(client, cfg, env).stop)
+            detector = lossdetect.start(
+                client,
+                cfg,
+                env,
+                fence=fence,
+                on_lost=None if reclaimer is None else reclaimer.lapsed,
+                on_alive=None if reclaimer is None else reclaimer.alive,
+            )
+            services.callback(detector.stop)
         server = _start_warm(cfg, env)
         if server is not None:
             services.callback(server.stop)
@@ -263,6 +286,8 @@ def _train(
             warm_socket=server.socket_path if server is not None else None,
             lifelines=attempt_log,
             leave=internals,
+            fence=fence,
+            reclaimer=reclaimer,
         )
         try:
             return epoch_runs.run()
@@ -287,6 +312,8 @@ class Epochs:
     warm_socket: str | None = None
     lifelines: Path | None = None
     leave: bool = True
+    fence: Fence | None = None
+    reclaimer: Reclaimer | None = None
 
     def run(self) -> int:
         cfg, relay, client = self.cfg, self.relay, self.completion.client
@@ -303,6 +330,9 @@ class Epochs:
             if self.tracker is not None:
                 self.tracker.torchrun_started()
             code = self._run(supervisor, rdzv_id)
+            if self.fence is not None and self.fence.fenced.is_set():
+                relay.stop.wait()  # replaced: out of the job until the kubelet stops the pod
+                return exits.signalled(signal.SIGTERM)
             if code == 0 or supervisor.signalled is not None or reopen == epochs.MAX_REOPENS:
                 return code
             if not epochs.closed_early(cfg, rdzv_id):
@@ -321,14 +351,26 @@ class Epochs:
             warm_socket=self.warm_socket,
         )
         logger.info("starting: %s", shlex.join(torchrun))
-        leaving = Leaving(self.cfg, rdzv_id, local_addr, self.completion, enabled=self.leave)
-        return Supervisor(torchrun, self.env, self.cfg, self.completion, leaving=leaving)
+        leaving = Leaving(
+            self.cfg,
+            rdzv_id,
+            local_addr,
+            self.completion,
+            enabled=self.leave,
+            holding=self._holding,
+        )
+        return Supervisor(
+            torchrun, self.env, self.cfg, self.completion, leaving=leaving, fence=self.fence
+        )
+
+    def _holding(self) -> bool:
+        """This pod must not act on the job now (recovery/fence.py)."""
+        return self.fence is not None and self.fence.holding
 
     def _run(self, supervisor: Supervisor, rdzv_id: str) -> int:
         """The torchrun, with lifelines to the other nodes of each round while it runs."""
         if self.lifelines is None:
             return supervisor.run()
-        on_removed = None if self.recorder is None else _peer_gone(self.recorder, rdzv_id)
         watcher = lifelines.watch(
             self.cfg,
             rdzv_id,
@@ -336,7 +378,8 @@ class Epochs:
             self.relay.torchrun_pid,
             self.lifelines,
             warm_socket=self.warm_socket,
-            on_removed=on_removed,
+            on_removed=self._peer_gone(rdzv_id),
+            may_act=lambda: not self._holding(),
         )
         if supervisor.leaving is not None:
             supervisor.leaving.via = watcher.leave  # torch is imported there
@@ -360,16 +403,23 @@ class Epochs:
                 job=True,
             )
 
+    def _peer_gone(self, rdzv_id: str) -> Callable[[RdzvNode], None]:
+        """A node this pod took out of the round through its lifeline: the PeerGone
+        Event, and its pod watched for reclaim (this pod took it out: it acts for it)."""
+        recorder, reclaimer = self.recorder, self.reclaimer
+        registration = self.ready.registration
 
-def _peer_gone(recorder: events.Recorder, rdzv_id: str) -> Callable[[RdzvNode], None]:
-    """The PeerGone Event of a node this pod took out of the round through its lifeline."""
+        def gone(node: RdzvNode) -> None:
+            if recorder is not None:
+                recorder.record(
+                    "PeerGone",
+                    f"the torchrun of {node[0]} (pid {node[1]}) is gone (its lifeline "
+                    f"closed): took its node out of rendezvous {rdzv_id}",
+                    events.WARNING,
+                )
+            if reclaimer is not None and registration is not None:
+                peer = registration.member_at(node[0])
+                if peer is not None:
+                    reclaimer.lost(peer.name, None, peer.uid or None)
 
-    def record(node: RdzvNode) -> None:
-        recorder.record(
-            "PeerGone",
-            f"the torchrun of {node[0]} (pid {node[1]}) is gone (its lifeline closed): "
-            f"took its node out of rendezvous {rdzv_id}",
-            events.WARNING,
-        )
-
-    return record
+        return gone

@@ -23,12 +23,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from elastic_worker import exits
 from elastic_worker.completion import Completion
 from elastic_worker.launch.argv import shutdown_timeout
 from elastic_worker.recovery.leave import Leaving
 from elastic_worker.settings.config import Config
+
+if TYPE_CHECKING:
+    from elastic_worker.recovery.fence import Fence
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +55,7 @@ class Supervisor:
         completion_poll: float = COMPLETION_POLL,
         completion_grace: float = COMPLETION_GRACE,
         leaving: Leaving | None = None,
+        fence: Fence | None = None,
     ) -> None:
         self.argv = list(argv)
         self.env = dict(env)
@@ -59,6 +64,7 @@ class Supervisor:
         self.completion_poll = completion_poll
         self.completion_grace = completion_grace
         self.leaving = leaving
+        self.fence = fence  # this incarnation's (recovery/fence.py)
         self.proc: subprocess.Popen[bytes] | None = None
         self.signalled: int | None = None
         self._lock = threading.Lock()
@@ -69,6 +75,11 @@ class Supervisor:
             self.signalled = signum
             proc = self.proc
         if proc is not None and proc.poll() is None:
+            if self.fence is not None and self.fence.holding:
+                # Replaced, or held while it asks: its torchrun ends without a word to the job.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                return
             logger.info("forwarding %s to torchrun (pid %d)", signal.Signals(signum).name, proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signum)
@@ -120,6 +131,8 @@ class Supervisor:
         return self._after_exit(returncode, complete_since is not None)
 
     def _after_exit(self, returncode: int, seen_complete: bool) -> int:
+        if self.fence is not None and self.fence.fenced.is_set():
+            return exits.from_returncode(returncode)  # replaced: nothing of the job's to do
         if returncode == 0:
             self.completion.after_success()
             return 0

@@ -133,10 +133,13 @@ class Leaving:
         completion: Completion,
         *,
         enabled: bool = True,
+        holding: Callable[[], bool] = lambda: False,
     ) -> None:
         self.config, self.rdzv_id, self.addr = config, rdzv_id, addr
         self.completion = completion
         self.enabled = enabled
+        #: This pod must not touch the round (it may have been replaced: recovery/fence.py).
+        self.holding = holding
         self.via: Callable[[int], bool] | None = None
         self._thread: threading.Thread | None = None
 
@@ -146,7 +149,7 @@ class Leaving:
         round free at their first look instead of waiting a 1 s poll of torch's for this
         node to go (SIGTERM re-formed 1 s sooner in scripts/bench-recovery). Nothing
         running depends on the round's state: the workers finish their last step."""
-        if not self.enabled or self._thread is not None:
+        if not self.enabled or self._thread is not None or self.holding():
             return
 
         def run() -> None:
@@ -159,7 +162,7 @@ class Leaving:
     def after_exit(self, pid: int) -> None:
         """Again, once torchrun is gone: a join it had in flight at the signal may have put
         the node back (normally not there any more: one read)."""
-        if not self.enabled:
+        if not self.enabled or self.holding():
             return
         if self._thread is not None:
             self._thread.join(TIMEOUT)

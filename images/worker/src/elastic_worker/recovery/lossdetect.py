@@ -24,6 +24,12 @@ blocked. So, beside torchrun (docs/contracts.md, "Round liveness"):
 - This pod's own key found lapsed when it refreshes, the marker unchanged (it was cut
   off for longer than TTL and the others went on without it), stops its own
   attempt too: it rejoins at the next re-form instead of waiting in a dead collective.
+  Before that it asks whether it is still the pod (recovery/fence.py): its node may have
+  been lost and its pod made again elsewhere. It asks as soon as no refresh has
+  succeeded for TTL s by the local clock, so a process that was frozen asks the moment
+  it runs again, before its torchrun can act.
+- A lapsed member is passed to `on_lost` with the round's survivors, and the members seen
+  alive at each read to `on_alive` (recovery/reclaim.py).
 
 Nothing is stopped once the job is complete: a member that finished is not lost.
 """
@@ -37,13 +43,18 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elastic_worker import completion
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.launch.attempt_line import Tail, ensure_log, parse_attempt, process_alive
 from elastic_worker.settings.config import Config
+
+if TYPE_CHECKING:
+    from elastic_worker.recovery.fence import Fence
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +107,9 @@ class LossDetector:
         ttl: int = TTL,
         refresh: float = REFRESH,
         poll: float = POLL,
+        fence: Fence | None = None,
+        on_lost: Callable[[list[str], set[str]], None] | None = None,
+        on_alive: Callable[[set[str]], None] | None = None,
     ) -> None:
         # One client per thread, with a short timeout: a refresh never waits on a read.
         self._writer = client.with_timeout(REQUEST_TIMEOUT)
@@ -110,6 +124,10 @@ class LossDetector:
         self._marker: str | None = None  # that round's marker (_read_marker)
         self._watched: str | None = None  # the round `_seen` belongs to
         self._seen: set[str] = set()  # members seen alive in that round
+        self.fence = fence
+        self.on_lost = on_lost  # (lapsed members, the round's members still there)
+        self.on_alive = on_alive  # the round's members seen alive, at each read
+        self._last_ok: float | None = None  # monotonic: this pod's last refresh that landed
         self.own_dir: Path | None = None  # a temporary directory to remove at stop
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -128,7 +146,8 @@ class LossDetector:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=REQUEST_TIMEOUT * 2)
-        self._leave()
+        if self.fence is None or not self.fence.fenced.is_set():
+            self._leave()
         if self.own_dir is not None:
             shutil.rmtree(self.own_dir, ignore_errors=True)
 
@@ -157,8 +176,25 @@ class LossDetector:
                 self._attempt = None
             return self._attempt
 
+    def stale(self) -> float | None:
+        """Seconds since this pod's key last landed, when that is longer than its TTL (the
+        others have gone on without it); None otherwise. The local clock only."""
+        if self._written is None or self._last_ok is None:
+            return None
+        age = time.monotonic() - self._last_ok
+        return age if age > self.ttl else None
+
     def refresh_once(self) -> None:
         """Write or refresh this pod's key of the current round; leave a finished one."""
+        age = self.stale()
+        if age is not None and self.fence is not None:
+            why = (
+                f"this pod's key {self.key(self._written or '')} has not been refreshed for "
+                f"{age:.0f} s (its TTL is {self.ttl} s: cut off or frozen)"
+            )
+            if not self.fence.suspect(why):
+                return  # replaced, or not known yet: nothing of this pod acts
+            self._last_ok = time.monotonic()
         attempt = self.current()
         if self._written is not None and (attempt is None or attempt.round != self._written):
             self._leave()
@@ -173,6 +209,7 @@ class LossDetector:
             if first:
                 self._marker = self._read_marker(attempt.round)
             self._written = attempt.round
+            self._last_ok = time.monotonic()
         except kvstore.KeyNotFound:
             self._lapsed(attempt)
         except kvstore.EtcdError as exc:
@@ -206,6 +243,10 @@ class LossDetector:
         if self._marker is not None and marker != self._marker:
             logger.info("round %s is gone from etcd (a new etcd?): joining it again", attempt.round)
             return
+        if self.fence is not None and not self.fence.suspect(
+            f"this pod's key {self.key(attempt.round)} lapsed"
+        ):
+            return
         self._stop_attempt(
             attempt,
             f"this pod's key {self.key(attempt.round)} lapsed (cut off from etcd for more "
@@ -214,6 +255,8 @@ class LossDetector:
 
     def watch_once(self) -> None:
         """One read of the current round's members; stop the attempt when one lapsed."""
+        if self.fence is not None and self.fence.holding:
+            return  # this pod may be the one cut off: it acts on nobody
         attempt = self.current()
         if attempt is None or attempt.round != self._watched:
             self._watched = attempt.round if attempt is not None else None
@@ -228,6 +271,8 @@ class LossDetector:
         names = {n.key.rsplit("/", 1)[-1]: n.value for n in nodes}
         alive = {name for name, value in names.items() if value == ALIVE and name != MARKER}
         left = {name for name, value in names.items() if value == LEFT and name != MARKER}
+        if self.on_alive is not None:
+            self.on_alive(alive)
         if self.config.pod_name not in alive:
             # This pod's own key is not there (not written yet, lapsed, or etcd lost its
             # data): nothing here says that another member is the one cut off.
@@ -245,6 +290,8 @@ class LossDetector:
             f"{', '.join(lapsed)} of round {attempt.round} stopped renewing its key for "
             f"{self.ttl} s (link cut, frozen or gone)",
         )
+        if self.on_lost is not None:
+            self.on_lost(lapsed, alive - set(lapsed))
 
     def _stop_attempt(self, attempt: RoundAttempt, why: str) -> None:
         logger.warning(
@@ -266,11 +313,19 @@ class LossDetector:
             logger.debug("could not leave round %s: %s", written, exc)
 
 
-def start(client: kvstore.KeyStore, config: Config, env: dict[str, str]) -> LossDetector:
+def start(
+    client: kvstore.KeyStore,
+    config: Config,
+    env: dict[str, str],
+    *,
+    fence: Fence | None = None,
+    on_lost: Callable[[list[str], set[str]], None] | None = None,
+    on_alive: Callable[[set[str]], None] | None = None,
+) -> LossDetector:
     """Start watching the rounds of torchrun run with `env`; sets the attempt log there
     when the metrics' follower did not (both read the same file)."""
     log, own_dir = ensure_log(env, "elastic-liveness-")
-    detector = LossDetector(client, config, log)
+    detector = LossDetector(client, config, log, fence=fence, on_lost=on_lost, on_alive=on_alive)
     detector.own_dir = own_dir
     detector.start()
     return detector

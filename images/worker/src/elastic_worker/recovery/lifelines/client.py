@@ -216,10 +216,12 @@ def watch(
     *,
     warm_socket: str | None = None,
     on_removed: Callable[[RdzvNode], None] | None = None,
+    may_act: Callable[[], bool] = lambda: True,
 ) -> LifelineWatcher:
     """Lifelines to the other nodes of each round of `rdzv_id` while this torchrun runs;
     `on_removed(node)` after this pod took a node out (an Event). With `warm_socket` (the
-    warm server's), the round is read and a node taken out in a helper forked from it."""
+    warm server's), the round is read and a node taken out in a helper forked from it.
+    `may_act()` False: this pod takes nobody out (it may be the one cut off)."""
     ops = helper.ops_for(config, rdzv_id, warm_socket)
     addr = local_addr or socket.getfqdn()
 
@@ -228,6 +230,8 @@ def watch(
         return None if p is None else (addr, p)
 
     def remove(node: RdzvNode, since: float) -> bool:
+        if not may_act():
+            return False
         removed = ops.remove(node, since)
         if removed and on_removed is not None:
             on_removed(node)
