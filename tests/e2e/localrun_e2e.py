@@ -199,6 +199,22 @@ def assert_nothing_lost(run: LocalRun, final_step: int) -> None:
     assert any(f"[train] done step={final_step}" in p.read_text() for p in logs), run.describe()
 
 
+#: What a worker must not print at the end of a job that succeeded: its own keys removed
+#: from an etcd the job has just scaled to 0 (issue 23: every pod warned so at the demo's end).
+END_NOISE = ("could not remove", "could not refresh", "Temporary failure in name resolution")
+
+
+def assert_clean_end(run: LocalRun) -> None:
+    """No worker printed a warning of the end (END_NOISE) in a run that succeeded."""
+    for path in sorted((run.out / "logs").glob("*/worker.log")):
+        noise = [
+            ln
+            for ln in path.read_text(errors="replace").splitlines()
+            if any(n in ln for n in END_NOISE)
+        ]
+        assert not noise, f"{path.parent.name}: {noise}"
+
+
 def assert_cleaned_up(run: LocalRun) -> None:
     """No namespace, link or /etc/netns entry of this run is left."""
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)

@@ -19,6 +19,7 @@ import pytest
 from localrun_e2e import (
     ETCD_POD,
     ROOT,
+    assert_clean_end,
     assert_cleaned_up,
     assert_nothing_lost,
     assert_taken_out_by_lifeline,
@@ -83,6 +84,7 @@ def test_happy_path_three_pods_complete_and_nothing_restarts(tmp_path: Path) -> 
     assert "training complete" in run.stdout
     for n in range(3):
         assert "[train] step=1 " in run.log(pod(n)) or run.steps_of(pod(n)), run.describe()
+    assert_clean_end(run)
     assert_cleaned_up(run)
 
 
