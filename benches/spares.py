@@ -3,6 +3,7 @@ size again (`job.maxNodes`), with one spare pod and without, after a SIGKILL of 
 after its node goes down for good, through the local run of the chart.
 
     scripts/bench-spares                     # every row once, about 20 minutes, as root
+    scripts/bench-spares --quick             # the durations shortened, about 8 minutes
     scripts/bench-spares --repeat 3 --json out/bench-spares.json
     scripts/bench-spares --rows kill-spare,node-down-reclaim
 
@@ -74,6 +75,12 @@ class Settings:
     watch: float  # seconds watched after it (or after the recreated pod started)
     grace: float  # the control plane's node-monitor-grace-period
     reclaim_after: float  # nodeLoss.reclaim.afterSeconds
+
+
+# --quick: as a test shortens them (tests/e2e/test_e2e_nodes.py): a node NotReady 10 s
+# after its kubelet stopped, reclaimed 5 s later; the slot-back figures then stand for
+# grace + afterSeconds less than a cluster's (50 + 30 s).
+QUICK = Settings(bound=120.0, watch=20.0, grace=10.0, reclaim_after=5.0)
 
 
 def values(row: Row, s: Settings) -> dict[str, Any]:
@@ -183,17 +190,22 @@ def table(rows: dict[str, list[dict[str, Any]]], s: Settings) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    q = QUICK
     p.add_argument("--rows", default=",".join(ROWS), help="rows to run, comma-separated")
     p.add_argument("--repeat", type=int, default=1, help="runs per row (default 1)")
-    p.add_argument("--bound", type=float, default=240.0, help="seconds a row may take")
-    p.add_argument("--watch", type=float, default=30.0, help="seconds watched after it")
     p.add_argument(
-        "--grace", type=float, default=50.0, help="node-monitor-grace-period (Kubernetes: 50)"
+        "--quick",
+        action="store_true",
+        help=(
+            f"the control plane's and the chart's durations shortened (grace {q.grace:g} s, "
+            f"reclaim after {q.reclaim_after:g} s, bound {q.bound:g} s, watch {q.watch:g} s)"
+        ),
     )
-    p.add_argument(
-        "--reclaim-after", type=float, default=30.0, help="nodeLoss.reclaim.afterSeconds"
-    )
+    p.add_argument("--bound", type=float, help="seconds a row may take (default 240)")
+    p.add_argument("--watch", type=float, help="seconds watched after it (default 30)")
+    p.add_argument("--grace", type=float, help="node-monitor-grace-period (Kubernetes: 50)")
+    p.add_argument("--reclaim-after", type=float, help="nodeLoss.reclaim.afterSeconds (30)")
     p.add_argument("--json", type=Path, help="write every run's figures here")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.rows.split(",") if n.strip()]
@@ -203,7 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     if why := needs_root():
         print(f"bench-spares: {why}", file=sys.stderr)
         return 2
-    s = Settings(args.bound, args.watch, args.grace, args.reclaim_after)
+    base = q if args.quick else Settings(240.0, 30.0, 50.0, 30.0)
+    s = Settings(
+        base.bound if args.bound is None else args.bound,
+        base.watch if args.watch is None else args.watch,
+        base.grace if args.grace is None else args.grace,
+        base.reclaim_after if args.reclaim_after is None else args.reclaim_after,
+    )
     print(
         f"bench-spares: node-monitor-grace-period {s.grace:g} s, reclaim after {s.reclaim_after:g}"
         f" s, bound {s.bound:g} s, watch {s.watch:g} s",
