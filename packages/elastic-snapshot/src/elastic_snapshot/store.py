@@ -1,0 +1,291 @@
+"""Snapshot files in node-local memory (/dev/shm: the pod's memory-backed volume).
+
+A file is written under a temporary name in its directory and renamed, so a reader sees a
+whole file or none, and it ends with a trailer that says what it holds:
+
+    payload    the replicated part, then the shard part; each tensor at a multiple of 64 bytes
+    trailer    JSON: job, name, kind (own: this rank's state; replica: the ring predecessor's
+               shard), step, last_step, world, owner (the rank of that world whose shard it
+               is), node, the model's fingerprint, the skeleton and data position (own),
+               one spec per tensor, and each part's offset, size and CRC-32
+    8 bytes    the trailer's length, little-endian
+    16 bytes   MAGIC
+
+`scan` reads only trailers: a file whose magic, trailer, size, job, name or model does not
+match is skipped with one line saying why; a part's CRC-32 is checked (`verify`) by the rank
+that serves it, before anyone loads it. A torn write never has the name of a snapshot; a
+file cut short has no trailer at its end; a flipped byte fails the CRC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import mmap
+import os
+import re
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .state import ALIGN, Json, Spec, as_buffer, layout
+
+MAGIC = b"elastic-snapshot"  # 16 bytes, the file's last
+FORMAT = 1
+_LENGTH = struct.Struct("<Q")
+_TAIL = _LENGTH.size + len(MAGIC)
+SUFFIX = ".snap"
+TEMP_PREFIX = ".tmp-"
+OWN, REPLICA = "own", "replica"
+_PAD = bytes(ALIGN)
+
+
+@dataclass(frozen=True)
+class Part:
+    offset: int
+    size: int
+    crc: int
+
+
+@dataclass(frozen=True)
+class Header:
+    job: str
+    name: str
+    kind: str  # OWN or REPLICA
+    step: int  # the step whose state the file holds
+    last_step: int  # the newest step its writer had completed when it wrote it
+    world: int  # the world size of the layout the shard belongs to
+    owner: int  # the rank (in that world) whose shard it is
+    node: str
+    model: str  # state.model_fingerprint of the model it fits
+    specs: tuple[Spec, ...]
+    skeleton: Json = None  # own files only
+    data_position: Json = None
+    replicated: Part | None = None
+    shard: Part | None = None
+    written: float = 0.0
+    pid: int = 0
+
+    def file_name(self) -> str:
+        return f"{self.kind}-w{self.world}-r{self.owner}-s{self.step}{SUFFIX}"
+
+    def to_json(self) -> Json:
+        return {
+            "format": FORMAT,
+            "job": self.job,
+            "name": self.name,
+            "kind": self.kind,
+            "step": self.step,
+            "last_step": self.last_step,
+            "world": self.world,
+            "owner": self.owner,
+            "node": self.node,
+            "model": self.model,
+            "specs": [spec.to_json() for spec in self.specs],
+            "skeleton": self.skeleton,
+            "data_position": self.data_position,
+            "replicated": _part_json(self.replicated),
+            "shard": _part_json(self.shard),
+            "written": self.written,
+            "pid": self.pid,
+        }
+
+    @staticmethod
+    def from_json(value: Json) -> Header:
+        if not isinstance(value, dict) or value.get("format") != FORMAT:
+            raise ValueError("not a snapshot of format 1")
+        return Header(
+            job=str(value["job"]),
+            name=str(value["name"]),
+            kind=str(value["kind"]),
+            step=int(value["step"]),
+            last_step=int(value["last_step"]),
+            world=int(value["world"]),
+            owner=int(value["owner"]),
+            node=str(value["node"]),
+            model=str(value["model"]),
+            specs=tuple(Spec.from_json(spec) for spec in value["specs"]),
+            skeleton=value["skeleton"],
+            data_position=value["data_position"],
+            replicated=_part(value["replicated"]),
+            shard=_part(value["shard"]),
+            written=float(value["written"]),
+            pid=int(value["pid"]),
+        )
+
+
+def _part_json(part: Part | None) -> Json:
+    return None if part is None else [part.offset, part.size, part.crc]
+
+
+def _part(value: Json) -> Part | None:
+    return None if value is None else Part(int(value[0]), int(value[1]), int(value[2]))
+
+
+def directory(root: Path, job: str, name: str) -> Path:
+    """The directory of one job's and one run name's snapshots under `root`."""
+    return root / _safe(job) / _safe(name)
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:200] or "_"
+
+
+def write(
+    where: Path,
+    header: Header,
+    replicated: Iterable[memoryview] | None,
+    shard: Iterable[memoryview] | None,
+) -> tuple[Path, int]:
+    """Write a snapshot file atomically (temporary name, then rename); the parts' offsets,
+    sizes and CRCs in `header` are filled in here. Returns its path and size."""
+    where.mkdir(parents=True, exist_ok=True)
+    final = where / header.file_name()
+    temp = where / f"{TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{final.name}"
+    parts: dict[str, Part | None] = {"replicated": None, "shard": None}
+    try:
+        with open(temp, "xb") as out:
+            for key, pieces in (("replicated", replicated), ("shard", shard)):
+                if pieces is None:
+                    continue
+                start, crc = out.tell(), 0
+                for piece in pieces:
+                    out.write(piece)
+                    crc = zlib.crc32(piece, crc)
+                    pad = -len(piece) % ALIGN
+                    out.write(_PAD[:pad])
+                    crc = zlib.crc32(_PAD[:pad], crc)
+                parts[key] = Part(start, out.tell() - start, crc)
+            done = dataclasses.replace(
+                header,
+                replicated=parts["replicated"],
+                shard=parts["shard"],
+                written=time.time(),
+                pid=os.getpid(),
+            )
+            trailer = json.dumps(done.to_json(), separators=(",", ":")).encode()
+            out.write(trailer)
+            out.write(_LENGTH.pack(len(trailer)))
+            out.write(MAGIC)
+            size = out.tell()
+        os.replace(temp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise
+    return final, size
+
+
+@dataclass
+class Opened:
+    """A snapshot file whose trailer was read and checked; its payload is mapped on demand
+    (private copy-on-write: nothing is read before it is used, nothing written back)."""
+
+    path: Path
+    header: Header
+    _map: mmap.mmap | None = field(default=None, repr=False)
+
+    def part(self, which: str) -> torch.Tensor:
+        """The bytes of the `replicated` or `shard` part, as a uint8 tensor over the map."""
+        part = getattr(self.header, which)
+        if part is None:
+            raise ValueError(f"{self.path.name} has no {which} part")
+        if part.size == 0:
+            return torch.empty(0, dtype=torch.uint8)
+        if self._map is None:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        return torch.frombuffer(self._map, dtype=torch.uint8, count=part.size, offset=part.offset)
+
+    def verify(self, which: str) -> bool:
+        """True when the part's bytes have the CRC-32 its trailer gives."""
+        part = getattr(self.header, which)
+        if part is None:
+            return False
+        data = self.part(which)
+        crc = 0
+        for start in range(0, part.size, 1 << 26):
+            chunk = data[start : start + (1 << 26)]
+            crc = zlib.crc32(as_buffer(chunk), crc)
+        return bool(crc == part.crc)
+
+
+def read_header(path: Path) -> Header:
+    """The trailer of a snapshot file; ValueError (saying what is wrong) when it has none
+    or it does not describe this file."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if size < _TAIL:
+            raise ValueError(f"{size} bytes: cut short")
+        f.seek(size - _TAIL)
+        tail = f.read(_TAIL)
+        if tail[_LENGTH.size :] != MAGIC:
+            raise ValueError("no snapshot trailer at its end (cut short, or not a snapshot)")
+        (length,) = _LENGTH.unpack(tail[: _LENGTH.size])
+        if length > size - _TAIL:
+            raise ValueError("its trailer's length is larger than the file")
+        f.seek(size - _TAIL - length)
+        try:
+            header = Header.from_json(json.loads(f.read(length)))
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise ValueError(f"its trailer does not parse ({exc})") from None
+    payload_end = size - _TAIL - length
+    for which, sharded in (("replicated", False), ("shard", True)):
+        part = getattr(header, which)
+        if part is None:
+            continue
+        _slots, expected = layout(header.specs, sharded, header.world, header.owner)
+        if part.size != expected or part.offset < 0 or part.offset + part.size > payload_end:
+            raise ValueError(f"its {which} part does not fit its specs (cut or rewritten)")
+    if header.kind == OWN and (header.replicated is None or header.skeleton is None):
+        raise ValueError("an own snapshot without its replicated part")
+    if header.kind == REPLICA and header.shard is None:
+        raise ValueError("a replica without a shard")
+    if header.kind not in (OWN, REPLICA):
+        raise ValueError(f"unknown kind {header.kind!r}")
+    return header
+
+
+def scan(where: Path, job: str, name: str, model: str) -> tuple[list[Opened], list[str]]:
+    """The snapshots of this job, run name and model in `where`, and one line for each file
+    that was skipped and why."""
+    found: list[Opened] = []
+    notes: list[str] = []
+    try:
+        entries = sorted(where.iterdir())
+    except FileNotFoundError:
+        return found, notes
+    for path in entries:
+        if not path.name.endswith(SUFFIX) or path.name.startswith(TEMP_PREFIX):
+            continue
+        try:
+            header = read_header(path)
+        except (OSError, ValueError) as exc:
+            notes.append(f"skipped {path}: {exc}")
+            continue
+        if (header.job, header.name) != (job, name):
+            notes.append(f"skipped {path}: job {header.job!r} run {header.name!r}, not ours")
+        elif header.model != model:
+            notes.append(f"skipped {path}: written for another model (names, dtypes or shapes)")
+        else:
+            found.append(Opened(path, header))
+    return found, notes
+
+
+def clear(where: Path) -> int:
+    """Remove every snapshot and temporary file in `where`; how many were removed."""
+    removed = 0
+    with contextlib.suppress(FileNotFoundError):
+        for path in where.iterdir():
+            if path.name.endswith(SUFFIX) or path.name.startswith(TEMP_PREFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed += 1
+    return removed
