@@ -159,7 +159,7 @@ def write(
                 for piece in pieces:
                     out.write(piece)
                     crc = zlib.crc32(piece, crc)
-                    pad = -len(piece) % ALIGN
+                    pad = -piece.nbytes % ALIGN
                     out.write(_PAD[:pad])
                     crc = zlib.crc32(_PAD[:pad], crc)
                 parts[key] = Part(start, out.tell() - start, crc)
