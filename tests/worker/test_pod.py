@@ -55,7 +55,15 @@ def start_agent(etcd: EtcdServer, backend: str, tmp_path: Path) -> Iterator[Star
         agent = Agent.start(
             name,
             args,
-            worker_env(etcd.endpoint, job, POD_NAME=name, ELASTIC_RDZV_BACKEND=backend, **env),
+            worker_env(
+                etcd.endpoint,
+                job,
+                POD_NAME=name,
+                ELASTIC_RDZV_BACKEND=backend,
+                # Each "node" its own memory (a pod's /dev/shm), not this machine's shared one.
+                ELASTIC_SNAPSHOT_DIR=str(tmp_path / f"shm-{name}"),
+                **env,
+            ),
             tmp_path / f"{name}.log",
         )
         agents.append(agent)

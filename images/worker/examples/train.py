@@ -12,7 +12,12 @@ Behaviour (docs/contracts.md, docs/recovery.md):
 - Checkpoints with torch.distributed.checkpoint into <dir>/step-<n>, written to a
   temporary directory first and renamed; the file <dir>/latest names the newest complete
   checkpoint and is replaced last, so a kill mid-save never loses the previous one.
-- Every start resumes from <dir>/latest when it exists (any world size).
+- Every start resumes from the newest state: the memory of the survivors of the last round
+  (elastic_snapshot: a node lost costs at most one step) or <dir>/latest, whichever is
+  newer (any world size).
+- A failed step (a peer gone: the collective raises) saves the state of the last step to
+  this node's memory (/dev/shm) before the process exits; so does SIGTERM, from a thread,
+  even while the main thread is blocked in a collective.
 - SIGTERM: every rank finishes its current step, the ranks agree (a MAX all-reduce of a
   stop flag each step), all save a checkpoint, then the rank(s) that got SIGTERM print
   `[train] sigterm step=<n>` and exit 0; ranks that did not get it exit 75 (EX_TEMPFAIL:
@@ -45,6 +50,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from elastic_snapshot import Snapshots
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
@@ -222,23 +228,6 @@ def _join(pg_timeout: float) -> tuple[torch.device, int]:
     return device, local_rank
 
 
-def _resume(
-    root: Path, rank: int, device: torch.device, model: nn.Module, optim: torch.optim.Optimizer
-) -> int | None:
-    """The step to resume from (None: start afresh), loaded into model and optimiser."""
-    # Every rank must agree on the step to resume from (the file may change under us):
-    # rank 0 reads `latest` and broadcasts it.
-    latest = read_latest(root) if rank == 0 else None
-    found = torch.tensor([-1 if latest is None else latest], dtype=torch.int64, device=device)
-    dist.broadcast(found, src=0)
-    if int(found.item()) < 0:
-        return None
-    start = int(found.item())
-    load_checkpoint(root, start, model, optim)
-    say(f"resumed step={start}")
-    return start
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -255,38 +244,48 @@ def main(argv: list[str] | None = None) -> int:
     )
     optim = torch.optim.SGD(model.parameters(), lr=0.01)
 
-    resumed_at = _resume(root, rank, device, model, optim)
-    resumed = resumed_at is not None
-    start = resumed_at or 0
+    # The newest state: the survivors' memory, or the checkpoint when it is newer. Rank 0's
+    # view of `latest` counts (the file may change under us).
+    snap = Snapshots(model, optim, exit_on_signal=False)  # SIGTERM: the loop below stops
+    restored = snap.restore(
+        read_latest(root) if rank == 0 else None,
+        lambda step: load_checkpoint(root, step, model, optim),
+    )
+    start = restored.step
+    if restored.source != "none":
+        say(f"resumed step={start}")
     if rank == 0:  # once per group: each start follows one completed rendezvous round
         say(f"start step={start} world_size={world} restart={restart}")
 
     step = start
     progress = Progress()
     stop = torch.zeros(1, device=device)
-    while step < args.steps:
-        x, y = batch(step + 1, rank, device)
-        optim.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optim.step()
-        step += 1
-        say(f"step={step} world_size={world} restart={restart} loss={loss.item():.4f}")
-        progress.step(step)
-        if args.step_seconds > 0:
-            time.sleep(args.step_seconds)
-        stop.fill_(1.0 if _stop_requested else 0.0)
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-        if stop.item() > 0:
-            save_checkpoint(root, step, model, optim)
-            if _stop_requested:
-                say(f"sigterm step={step}")
-                return 0
-            return EXIT_PEER_LEAVING
-        if step % args.checkpoint_every == 0 and step < args.steps:
-            save_checkpoint(root, step, model, optim)
+    with snap:  # a step that fails (a peer gone), or SIGTERM, saves the last step's state
+        while step < args.steps:
+            x, y = batch(step + 1, rank, device)
+            optim.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optim.step()
+            step += 1
+            snap.step_done(step)
+            say(f"step={step} world_size={world} restart={restart} loss={loss.item():.4f}")
+            progress.step(step)
+            if args.step_seconds > 0:
+                time.sleep(args.step_seconds)
+            stop.fill_(1.0 if _stop_requested else 0.0)
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item() > 0:
+                snap.save("stopping: a rank got SIGTERM")
+                save_checkpoint(root, step, model, optim)
+                if _stop_requested:
+                    say(f"sigterm step={step}")
+                    return 0
+                return EXIT_PEER_LEAVING
+            if step % args.checkpoint_every == 0 and step < args.steps:
+                save_checkpoint(root, step, model, optim)
 
-    if not resumed or start < args.steps:
+    if restored.source != "checkpoint" or start < args.steps:
         save_checkpoint(root, step, model, optim)
     say(f"done step={step}")
     return 0

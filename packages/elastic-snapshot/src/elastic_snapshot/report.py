@@ -4,14 +4,17 @@
   warnings from any rank.
 - The progress contract (docs/contracts.md, "Progress"): when ELASTIC_PROGRESS_FILE is set
   (elastic-worker sets it for the training processes), local rank 0 appends one line after
-  each restore:
+  each restore and one after each save:
 
       restored=<step> source=<peer-memory|local-memory|checkpoint|none> lost=<steps|->
+      saved=<step|-> files=<n> seconds=<s>
 
   `restored` is the step every rank loaded, `source` where this node's state came from
   (another node's memory, this node's memory, the shared checkpoint, or nothing: a first
   start), `lost` the newest step completed before the re-form minus `restored` (`-` when
-  unknown). The line has no `step=` word, so a worker that predates it ignores it.
+  unknown). A `restored` line also says that this attempt keeps snapshots; `saved` that
+  its save is done (`-`: it had no consistent state to save), so the worker may stop it
+  now. Neither line has a `step=` word: a worker that predates them ignores them.
   A failed write costs the report, never the training.
 """
 
@@ -45,6 +48,10 @@ def restored_line(step: int, source: str, lost: int | None) -> str:
     if source not in SOURCES:
         raise ValueError(f"source {source!r} is not one of {', '.join(SOURCES)}")
     return f"restored={step} source={source} lost={'-' if lost is None else lost}"
+
+
+def saved_line(step: int | None, files: int, seconds: float) -> str:
+    return f"saved={'-' if step is None else step} files={files} seconds={seconds:.3f}"
 
 
 def progress(line: str) -> None:

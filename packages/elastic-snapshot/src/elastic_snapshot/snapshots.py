@@ -198,10 +198,14 @@ class Snapshots:
         }
         return flatten(state, self.world, self.rank)
 
-    def save(self, reason: str, timeout: float) -> list[Path]:
+    def save(self, reason: str, timeout: float | None = None) -> list[Path]:
         """Write what this rank holds to node-local memory: its live state when it is
-        consistent (waiting up to `timeout` s for an optimizer step in progress) and, for a
-        sharded state, its ring copies and replica. Returns the files written."""
+        consistent (waiting up to `timeout` s, default `consistent_timeout`, for an optimizer
+        step in progress) and, for a sharded state, its ring copies and replica. Returns the
+        files written. Done for you on a failure and on SIGTERM; a script that stops on its
+        own (`exit_on_signal=False`) may call it before it exits."""
+        if timeout is None:
+            timeout = self.consistent_timeout
         with self._save_lock:
             started = time.monotonic()
             written: list[Path] = []
@@ -222,12 +226,13 @@ class Snapshots:
                     f"rank {self.rank}: not saving the live state ({reason}): an optimizer step "
                     "was in progress or none was done"
                 )
+            seconds = time.monotonic() - started
             if written:
                 report.say(
                     f"saved step={step if step is not None else '-'} ({reason}): {len(written)} "
-                    f"file(s), {total / 1e6:.1f} MB in {time.monotonic() - started:.2f} s to "
-                    f"{self.directory}"
+                    f"file(s), {total / 1e6:.1f} MB in {seconds:.2f} s to {self.directory}"
                 )
+            report.progress(report.saved_line(step, len(written), seconds))
             return written
 
     def _header(
