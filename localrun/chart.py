@@ -329,6 +329,12 @@ _ATTEMPT = re.compile(r"\[elastic-worker\] attempt (.*)$")
 _TRAIN = re.compile(r"\[train\]\s+(?:(start|resumed|checkpoint|sigterm|done)\s+)?(step=.*)$")
 _KV = re.compile(r"(\w+)=(\S+)")
 WORKER_PREFIX = "elastic-worker:"
+#: The worker's line for a restore its training process reported (docs/contracts.md,
+#: "Progress": the `restored=` line of packages/elastic-snapshot).
+_RESTORED = re.compile(
+    r"elastic-worker: state restored at step (\d+) from (peer-memory|local-memory|checkpoint)"
+    r" \((\d+|\?) steps? lost\)"
+)
 
 
 @dataclass(frozen=True)
@@ -352,6 +358,16 @@ class TrainEvent:
     world_size: int | None = None
     restart: int | None = None
     loss: float | None = None
+
+
+@dataclass(frozen=True)
+class Restore:
+    """Where the state of a pod's new round came from, as its worker says it (a script that
+    keeps snapshots: packages/elastic-snapshot)."""
+
+    step: int
+    source: str  # peer-memory, local-memory or checkpoint
+    lost: int | None
 
 
 @dataclass(frozen=True)
@@ -396,11 +412,21 @@ def parse_train_line(line: str) -> TrainEvent | None:
     return TrainEvent(kind, step, world, restart, loss)
 
 
-def parse_line(container: str, line: str) -> Attempt | TrainEvent | WorkerMessage | None:
+def parse_restore_line(line: str) -> Restore | None:
+    m = _RESTORED.search(line)
+    if not m:
+        return None
+    return Restore(int(m[1]), m[2], None if m[3] == "?" else int(m[3]))
+
+
+def parse_line(container: str, line: str) -> Attempt | TrainEvent | Restore | WorkerMessage | None:
     """What a pod's line says, or None when it says nothing the run tracks."""
     attempt = parse_attempt_line(line)
     if attempt is not None:
         return attempt
+    restore = parse_restore_line(line)
+    if restore is not None:
+        return restore
     train = parse_train_line(line)
     if train is not None:
         return train

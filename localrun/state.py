@@ -7,7 +7,10 @@ Where each fact comes from:
 - rounds and world sizes (in nodes): the worker's attempt lines, one per round from the
   member with group_rank 0; a worker without them falls back to the reference script's
   `[train] start` and step lines;
-- steps, checkpoints, re-form timings: `[train]` lines, when the script prints them.
+- steps, checkpoints, re-form timings: `[train]` lines, when the script prints them;
+- where a re-form's state came from (another pod's memory, the pod's own, the checkpoint)
+  and the steps it lost: the worker's `state restored` line, when the script keeps
+  snapshots (packages/elastic-snapshot), whatever else it prints.
 
 A re-form is counted when training starts again after a fault (a `resumed` line, or a step
 at another world size, after the fault) or when the world size changes without one (a
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localrun.chart import Attempt, TrainEvent, WorkerMessage, parse_line
+from localrun.chart import Attempt, Restore, TrainEvent, WorkerMessage, parse_line
 from localrun.cluster.pod import Pod
 
 #: Seconds between the attempt lines of one round's members, at most (they start together).
@@ -40,6 +43,9 @@ class Reform:
     world_size: int | None = None
     resumed_step: int | None = None
     steps_lost: int | None = None  # highest step before the fault minus the resumed step
+    #: Where the new round's state came from: peer-memory when any pod's came from another
+    #: pod's memory, else local-memory, else checkpoint; None when no worker said.
+    state_from: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -49,7 +55,22 @@ class Reform:
             "world_size": self.world_size,
             "resumed_step": self.resumed_step,
             "steps_lost": self.steps_lost,
+            "state_from": self.state_from,
         }
+
+    def restored(self, restores: list[Restore]) -> None:
+        """What the pods' workers said of the new round's state (restores after the fault)."""
+        if not restores:
+            return
+        sources = {r.source for r in restores}
+        self.state_from = next(
+            s for s in ("peer-memory", "local-memory", "checkpoint") if s in sources
+        )
+        if self.resumed_step is None:
+            self.resumed_step = restores[0].step
+        lost = [r.lost for r in restores if r.lost is not None]
+        if self.steps_lost is None and lost:
+            self.steps_lost = max(lost)
 
 
 @dataclass
@@ -109,6 +130,7 @@ class RunState:
         self._started = False
         self._last_pod_start: tuple[str, float, str] | None = None
         self._done: int | None = None  # the step of the script's `done` line
+        self._restores: list[tuple[float, Restore]] = []  # the workers' `state restored` lines
 
     # -- derived facts -------------------------------------------------------------------
 
@@ -209,6 +231,10 @@ class RunState:
         ev = parse_line(container, text)
         if isinstance(ev, Attempt):
             self.attempt(pod, t, ev)
+        elif isinstance(ev, Restore):
+            self._restores.append((t, ev))
+            lost = "?" if ev.lost is None else ev.lost
+            self.say(f"{pod}: state restored at step {ev.step} from {ev.source} ({lost} lost)")
         elif isinstance(ev, TrainEvent):
             self.train(pod, t, ev)
         elif isinstance(ev, WorkerMessage):
@@ -300,7 +326,11 @@ class RunState:
         r.resumed_step = self._resuming
         if self.step is not None and self._resuming is not None:
             r.steps_lost = max(0, self.step - self._resuming)
+        r.restored(self._restores_between(r.fault_at, t))
         self.reforms.append(r)
+
+    def _restores_between(self, start: float, end: float) -> list[Restore]:
+        return [ev for t, ev in self._restores if start <= t <= end]
 
     # -- output --------------------------------------------------------------------------
 
@@ -312,8 +342,12 @@ class RunState:
         nxt = next((r for r in self.rounds if r.at > fault.fault_at), None)
         if nxt is None:
             return None
+        reform = Reform(fault.cause, fault.fault_at, nxt.at - fault.fault_at, nxt.nodes)
+        # The restores of that round: after the fault, before the round after it.
+        later = next((r.at for r in self.rounds if r.at > nxt.at), float("inf"))
+        reform.restored(self._restores_between(fault.fault_at, later))
         return {
-            **Reform(fault.cause, fault.fault_at, nxt.at - fault.fault_at, nxt.nodes).as_dict(),
+            **reform.as_dict(),
             "note": "seconds to the new rendezvous round: the script prints no steps",
         }
 

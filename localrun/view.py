@@ -111,6 +111,8 @@ def summary_text(d: dict[str, Any], logs: Path) -> str:
         detail = r.get("note") or (
             f"resumed at step {r['resumed_step']}, steps lost {r['steps_lost']}"
         )
+        if r.get("state_from"):
+            detail += f"; state from {r['state_from']}"
         lines.append(
             f"re-form:      {r['cause']}: world size {r['world_size']} after "
             f"{r['seconds']:.1f}s ({detail})"

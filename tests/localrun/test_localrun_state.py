@@ -221,3 +221,34 @@ def test_the_pod_at_a_group_rank_of_the_newest_round() -> None:
     s.line("p0", "worker", ATTEMPT.format(r=1, g=0, n=2), 40)
     s.line("p2", "worker", ATTEMPT.format(r=1, g=1, n=2), 40.2)
     assert s.pod_at_rank(1) == "p2"
+
+
+RESTORED = "elastic-worker: state restored at step {step} from {source} ({lost} steps lost)"
+
+
+def test_where_a_reforms_state_came_from_is_the_workers_restore_lines() -> None:
+    """A script that keeps snapshots: each pod's worker says where its state came from; the
+    re-form's is another pod's memory when any pod's was, and its step and steps lost come
+    from those lines when the script prints no steps."""
+    s = RunState()
+    attempt(s, 2, 3)
+    s.fault(35, "kill p1")
+    attempt(s, 38, 2, restart=1)
+    s.line("p0", "worker", RESTORED.format(step=40, source="local-memory", lost=0), 39)
+    s.line("p2", "worker", RESTORED.format(step=40, source="peer-memory", lost=0), 39.1)
+    attempt(s, 60, 3, restart=1)
+    s.line("p1", "worker", RESTORED.format(step=70, source="peer-memory", lost="?"), 61)
+    (kill,) = s.as_dict()["reforms"]
+    assert (kill["resumed_step"], kill["steps_lost"], kill["state_from"]) == (40, 0, "peer-memory")
+
+
+def test_a_checkpoint_restore_is_said_so_beside_the_steps_of_the_script() -> None:
+    s = RunState()
+    _steps(s, 0, 1, 12, 3)
+    s.fault(12, "kill p1 p2")
+    s.line("p0", "worker", RESTORED.format(step=10, source="checkpoint", lost=2), 14)
+    s.train("p0", 14, TrainEvent("resumed", 10))
+    _steps(s, 15, 11, 12, 1)
+    (kill,) = s.as_dict()["reforms"]
+    assert (kill["resumed_step"], kill["steps_lost"], kill["state_from"]) == (10, 2, "checkpoint")
+    assert "state from checkpoint" in summary_text(s.as_dict(), Path("logs"))

@@ -241,3 +241,18 @@ def test_a_state_the_snapshot_cannot_hold_is_refused_at_the_first_step(tmp_path:
         snap.step_done(1)
     with pytest.raises(TypeError, match="give a JSON value"):
         Snapshots(net, optim, directory=tmp_path, job="unit").step_done(1, object())
+
+
+def test_a_snapshot_that_would_not_fit_is_not_begun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A memory volume filled to its limit gets its pod evicted (and a full /dev/shm fails
+    NCCL): a save that would not fit says so and writes nothing."""
+
+    class Full:
+        f_bavail, f_frsize = 10, 4096
+
+    monkeypatch.setattr(store.os, "statvfs", lambda path: Full())
+    with pytest.raises(OSError, match=r"has 0 MB free, the snapshot needs 1 MB .*shmSizeLimit"):
+        write(tmp_path, 4)
+    assert list(tmp_path.iterdir()) == []

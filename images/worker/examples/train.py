@@ -33,6 +33,7 @@ Exit codes: 0 done or stopped by SIGTERM; 75 stopped because a peer got SIGTERM;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -42,6 +43,7 @@ import time
 import traceback
 import uuid
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -50,7 +52,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from elastic_snapshot import Snapshots
+from elastic_snapshot import Restored, Snapshots
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
@@ -79,6 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--checkpoint-dir",
         default=os.environ.get("CHECKPOINT_DIR"),
         help="shared checkpoint directory (default: $CHECKPOINT_DIR)",
+    )
+    parser.add_argument(
+        "--snapshots",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the newest state in memory so that a lost node costs at most one step "
+        "(elastic_snapshot; --no-snapshots: resume from the checkpoint alone)",
     )
     parser.add_argument(
         "--pg-timeout",
@@ -215,6 +224,25 @@ def load_checkpoint(root: Path, step: int, model: nn.Module, optim: torch.optim.
     set_state_dict(model, optim, model_state_dict=model_sd, optim_state_dict=optim_sd)
 
 
+class Checkpoints:
+    """--no-snapshots: the newest checkpoint alone, with Snapshots.restore's signature."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def restore(self, latest: int | None, load: Callable[[int], None]) -> Restored:
+        # Every rank must agree on the step (the file may change under us): rank 0's.
+        found = torch.tensor(
+            [-1 if latest is None else latest], dtype=torch.int64, device=self.device
+        )
+        dist.broadcast(found, src=0)
+        step = int(found.item())
+        if step < 0:
+            return Restored(0, None, "none", None, 0.0)
+        load(step)
+        return Restored(step, None, "checkpoint", None, 0.0)
+
+
 def _join(pg_timeout: float) -> tuple[torch.device, int]:
     """This process's device, and the process group joined (bounded timeout)."""
     use_cuda = torch.cuda.is_available()
@@ -246,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # The newest state: the survivors' memory, or the checkpoint when it is newer. Rank 0's
     # view of `latest` counts (the file may change under us).
-    snap = Snapshots(model, optim, exit_on_signal=False)  # SIGTERM: the loop below stops
-    restored = snap.restore(
+    snap = Snapshots(model, optim, exit_on_signal=False) if args.snapshots else None
+    restored = (snap or Checkpoints(device)).restore(
         read_latest(root) if rank == 0 else None,
         lambda step: load_checkpoint(root, step, model, optim),
     )
@@ -260,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     step = start
     progress = Progress()
     stop = torch.zeros(1, device=device)
-    with snap:  # a step that fails (a peer gone), or SIGTERM, saves the last step's state
+    # A step that fails (a peer gone), or SIGTERM, saves the last step's state.
+    with snap or contextlib.nullcontext():
         while step < args.steps:
             x, y = batch(step + 1, rank, device)
             optim.zero_grad()
@@ -268,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
             loss.backward()
             optim.step()
             step += 1
-            snap.step_done(step)
+            if snap is not None:
+                snap.step_done(step)
             say(f"step={step} world_size={world} restart={restart} loss={loss.item():.4f}")
             progress.step(step)
             if args.step_seconds > 0:
@@ -276,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             stop.fill_(1.0 if _stop_requested else 0.0)
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
             if stop.item() > 0:
-                snap.save("stopping: a rank got SIGTERM")
+                if snap is not None:
+                    snap.save("stopping: a rank got SIGTERM")
                 save_checkpoint(root, step, model, optim)
                 if _stop_requested:
                     say(f"sigterm step={step}")

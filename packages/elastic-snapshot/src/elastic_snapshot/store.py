@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import mmap
 import os
@@ -145,8 +146,23 @@ def write(
     shard: Iterable[memoryview] | None,
 ) -> tuple[Path, int]:
     """Write a snapshot file atomically (temporary name, then rename); the parts' offsets,
-    sizes and CRCs in `header` are filled in here. Returns its path and size."""
+    sizes and CRCs in `header` are filled in here. Returns its path and size. A file that
+    would not fit in what the file system has free is not begun (OSError ENOSPC): a memory
+    volume filled to its limit gets its pod evicted, and a full /dev/shm fails NCCL."""
     where.mkdir(parents=True, exist_ok=True)
+    need = sum(
+        layout(header.specs, sharded, header.world, header.owner)[1]
+        for sharded, pieces in ((False, replicated), (True, shard))
+        if pieces is not None
+    ) + (1 << 20)  # the trailer and some room
+    stat = os.statvfs(where)
+    free = stat.f_bavail * stat.f_frsize
+    if free < need:
+        raise OSError(
+            errno.ENOSPC,
+            f"{where} has {free / 1e6:.0f} MB free, the snapshot needs {need / 1e6:.0f} MB "
+            "(the chart's worker.shmSizeLimit sizes /dev/shm)",
+        )
     final = where / header.file_name()
     temp = where / f"{TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{final.name}"
     parts: dict[str, Part | None] = {"replicated": None, "shard": None}
