@@ -22,7 +22,7 @@ from worker.worker_helpers import Agent, descendants, wait_until, worker_env
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).with_name("snap_train.py")
+SCRIPT = Path(__file__).parents[1] / "e2e" / "user_script" / "snap_train.py"
 STEP = re.compile(r"^\[snap\] step=(\d+) rank=(\d+) world=(\d+) digest=(\S+)$")
 START = re.compile(
     r"^\[snap\] start step=(\d+) source=(\S+) lost=(\S+) rank=(\d+) world=(\d+) digest=(\S+)$"

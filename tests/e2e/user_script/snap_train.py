@@ -1,6 +1,8 @@
-"""The snapshot tests' training script: DDP, or FSDP2 (--fsdp), over gloo with Adam, a
-fixed global batch per step split across the ranks, a DCP checkpoint every K steps, and
-elastic_snapshot adopted as a user would. Every rank prints, flushed:
+"""A user's own training script that adopts elastic_snapshot in a few lines (the lines
+marked `# elastic_snapshot`): DDP, or FSDP2 (--fsdp), over gloo with Adam, a fixed global
+batch per step split across the ranks, its own DCP checkpoint every K steps. It prints
+nothing of elastic-job's. Used by tests/snapshot, the e2e scenarios (mounted into the pods
+at /opt/user-script) and benches/snapshots. Every rank prints, flushed:
 
     [snap] start step=<s> source=<source> lost=<n|-> rank=<r> world=<w> digest=<d>
     [snap] step=<n> rank=<r> world=<w> digest=<d>
@@ -11,13 +13,18 @@ rank completed that step: a restore that loaded step s exactly gives start diges
 sum over the ranks is the sum of the step lines' digests of step s (with DDP every rank's
 digest is the whole state's).
 
+    [snap] done step=<n> rank=<r> step_seconds=<median> stats=<the library's costs, JSON>
+
     torchrun ... snap_train.py --steps N [--fsdp] [--step-seconds S] [--checkpoint-dir D]
-        [--checkpoint-every K] [--replicate-every R]
+        [--checkpoint-every K] [--replicate-every R] [--no-snapshots]
+
+--no-snapshots: the same script resuming from its checkpoint alone (the baseline).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -81,26 +88,39 @@ def save_checkpoint(root: Path, step: int, net: nn.Module, optim: torch.optim.Op
                 shutil.rmtree(old, ignore_errors=True)
 
 
-def main() -> None:
+def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--fsdp", action="store_true")
     parser.add_argument("--step-seconds", type=float, default=0.0)
-    parser.add_argument("--checkpoint-dir", type=Path)
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        default=os.environ.get("CHECKPOINT_DIR"),
+        help="shared checkpoint directory (default: $CHECKPOINT_DIR)",
+    )
     parser.add_argument("--checkpoint-every", type=int, default=0)
     parser.add_argument("--replicate-every", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--snapshots", action=argparse.BooleanOptionalAction, default=True)
+    return parser.parse_args()
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
-    rank, world = dist.get_rank(), dist.get_world_size()
+
+def wrapped(fsdp: bool) -> nn.Module:
     net = model()
-    if args.fsdp:
+    if fsdp:
         for layer in net:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer)
         fully_shard(net)
-    else:
-        net = DistributedDataParallel(net)
+        return net
+    return DistributedDataParallel(net)
+
+
+def main() -> None:
+    args = parse()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    net = wrapped(args.fsdp)
     optim = torch.optim.Adam(net.parameters(), lr=0.01)
 
     def load(step: int) -> int:
@@ -110,27 +130,43 @@ def main() -> None:
         set_state_dict(net, optim, model_state_dict=msd, optim_state_dict=osd)
         return step * GLOBAL_BATCH
 
-    snap = Snapshots(net, optim, replicate_every=args.replicate_every)
-    start = snap.restore(latest(args.checkpoint_dir), load)
-    lost = "-" if start.lost is None else start.lost
+    if args.snapshots:
+        snap = Snapshots(net, optim, replicate_every=args.replicate_every)  # elastic_snapshot
+        start = snap.restore(latest(args.checkpoint_dir), load)  # elastic_snapshot
+        first, source, lost = start.step, start.source, "-" if start.lost is None else start.lost
+    else:
+        ckpt = torch.tensor([latest(args.checkpoint_dir) or 0])
+        dist.broadcast(ckpt, src=0)  # rank 0's view of `latest`
+        first, source, lost = int(ckpt.item()), "checkpoint" if ckpt.item() else "none", "-"
+        if first:
+            load(first)
     print(
-        f"[snap] start step={start.step} source={start.source} lost={lost} rank={rank} "
+        f"[snap] start step={first} source={source} lost={lost} rank={rank} "
         f"world={world} digest={digest(net, optim)}",
         flush=True,
     )
-    with snap:
-        for step in range(start.step + 1, args.steps + 1):
+    took: list[float] = []
+    with snap if args.snapshots else contextlib.nullcontext():  # elastic_snapshot
+        for step in range(first + 1, args.steps + 1):
+            began = time.perf_counter()
             x, y = batch(step, rank, world)
             optim.zero_grad()
             nn.functional.mse_loss(net(x), y).backward()
             optim.step()
-            snap.step_done(step, step * GLOBAL_BATCH)
+            if args.snapshots:
+                snap.step_done(step, step * GLOBAL_BATCH)  # elastic_snapshot
+            took.append(time.perf_counter() - began)
             d = digest(net, optim)
             print(f"[snap] step={step} rank={rank} world={world} digest={d}", flush=True)
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 save_checkpoint(args.checkpoint_dir, step, net, optim)
             time.sleep(args.step_seconds)
-    print(f"[snap] done step={args.steps} stats={json.dumps(snap.stats())}", flush=True)
+    stats = json.dumps(snap.stats() if args.snapshots else {}, separators=(",", ":"))
+    median = sorted(took)[len(took) // 2] if took else 0.0
+    print(
+        f"[snap] done step={args.steps} rank={rank} step_seconds={median:.6f} stats={stats}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
