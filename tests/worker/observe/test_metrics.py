@@ -44,7 +44,9 @@ def values(text: str) -> dict[str, float]:
             if sample.name.endswith("_bucket") or sample.name.endswith("_created"):
                 continue
             state = sample.labels.get("elastic_job_pod_state")
-            out[f"{sample.name}:{state}" if state else sample.name] = sample.value
+            source = sample.labels.get("source")
+            name = f'{sample.name}{{source="{source}"}}' if source else sample.name
+            out[f"{name}:{state}" if state else name] = sample.value
     return out
 
 
@@ -103,8 +105,10 @@ def test_every_series_carries_elastic_job_and_group_and_nothing_else() -> None:
             extra = set(sample.labels) - {"elastic_job", "group"}
             # the node's info series is the one with more: one per pod, constant
             node = {"node", *(label for label, _ in config.NODE_INFO)}
-            assert extra <= {"le", "elastic_job_pod_state"} or (
-                sample.name == "elastic_job_node_info" and extra == node
+            assert (
+                extra <= {"le", "elastic_job_pod_state"}
+                or (sample.name == "elastic_job_node_info" and extra == node)
+                or (sample.name.startswith("elastic_job_restores_") and extra == {"source"})
             ), sample
             assert (sample.labels["elastic_job"], sample.labels["group"]) == (WHO.job, WHO.group)
 
@@ -417,8 +421,9 @@ def test_a_pod_waiting_while_the_round_is_full_is_a_spare(
 def test_metrics_off_sets_no_files_for_torchrun(
     etcd: EtcdServer, tmp_path: Path, loss_detection: str
 ) -> None:
-    """ELASTIC_METRICS unset: no port, no progress file; the attempt log only when the
-    round liveness (ELASTIC_LOSS_DETECTION) reads it."""
+    """ELASTIC_METRICS unset: no port; the attempt log and the progress file only when the
+    round liveness (ELASTIC_LOSS_DETECTION) reads them (the progress file for a script's
+    snapshot lines: whether to stop it with SIGTERM first)."""
     out = tmp_path / "env"
     code = f"import os; open({str(out)!r}, 'w').write(repr(sorted(os.environ)))"
     env = worker_env(
@@ -435,7 +440,7 @@ def test_metrics_off_sets_no_files_for_torchrun(
         agent.kill()
     names = out.read_text()
     assert ("ELASTIC_ATTEMPT_LOG" in names) is (loss_detection == "true")
-    assert "ELASTIC_PROGRESS_FILE" not in names
+    assert ("ELASTIC_PROGRESS_FILE" in names) is (loss_detection == "true")
     assert "metrics on port" not in agent.text()
 
 

@@ -1,6 +1,7 @@
 """One pod's round liveness, alone in a process (so that a test can freeze it with
 SIGSTOP, as a frozen VM or a cut link would): settings from the environment, the attempt
-log in argv[1]; SIGTERM leaves the round cleanly and exits."""
+log in argv[1], the progress file in argv[2] when given (read as elastic-worker's follower
+reads it, for the script's snapshot lines); SIGTERM leaves the round cleanly and exits."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from elastic_worker import main
 from elastic_worker.keystore import interface as kvstore
+from elastic_worker.observe.attempts import AttemptFollower
 from elastic_worker.recovery import lossdetect as liveness
 from elastic_worker.settings import config
 
@@ -18,7 +20,14 @@ from elastic_worker.settings import config
 def run() -> None:
     main.setup_logging(debug=True)
     cfg = config.load(["train.py"])
-    watch = liveness.LossDetector(kvstore.connect(cfg), cfg, Path(sys.argv[1]))
+    saves = None
+    if len(sys.argv) > 2:
+        follower = AttemptFollower(None, progress_file=Path(sys.argv[2]))
+        follower.start()
+        saves = follower.saves
+    watch = liveness.LossDetector(
+        kvstore.connect(cfg), cfg, Path(sys.argv[1]), saves=saves, stop_grace=20
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     watch.start()

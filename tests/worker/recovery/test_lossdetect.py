@@ -209,3 +209,85 @@ def test_the_round_is_the_run_id_and_torchs_master_address_of_the_program() -> N
             assert liveness.round_of("job", program.pid) is None
         finally:
             program.kill()
+
+
+# A training process that keeps snapshots (packages/elastic-snapshot): on SIGTERM it says
+# `saved=` in the progress file and, like a main thread blocked in a dead collective, does
+# not exit (BLOCKED), or exits at once as the library does by default (EXITS).
+BLOCKED = (
+    "import signal, sys, time\n"
+    "def saved(*_):\n"
+    "    open(sys.argv[1], 'a').write('saved=5 files=1 seconds=0.01\\n')\n"
+    "signal.signal(signal.SIGTERM, saved)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(600)\n"
+)
+EXITS = (
+    "import os, signal, sys, time\n"
+    "def saved(*_):\n"
+    "    open(sys.argv[1], 'a').write('saved=5 files=1 seconds=0.01\\n')\n"
+    "    os._exit(143)\n"
+    "signal.signal(signal.SIGTERM, saved)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+@pytest.mark.parametrize("backend", ["etcd-v2"])
+def test_a_script_that_keeps_snapshots_is_stopped_with_sigterm_and_killed_once_saved(
+    etcd: EtcdServer, client: kvstore.KeyStore, tmp_path: Path
+) -> None:
+    """On a silent loss the survivors' training processes get SIGTERM when their script
+    said it keeps snapshots (a `restored=` line), so that they save their last step; one
+    that said `saved=` but is still blocked is SIGKILLed then, one that exits by itself is
+    not killed. A script that keeps none is SIGKILLed at once (the test above)."""
+    made: list[subprocess.Popen[bytes]] = []
+    programs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for rank, name in enumerate(("pod-a", "pod-b", "pod-c")):
+            log, progress = tmp_path / f"{name}.attempts", tmp_path / f"{name}.progress"
+            progress.write_text("restored=0 source=none lost=-\n")
+            err = (tmp_path / f"{name}.log").open("wb")
+            made.append(
+                subprocess.Popen(
+                    [str(PYTHON), str(POD_SCRIPT), str(log), str(progress)],
+                    env=pod_env(etcd, name),
+                    stderr=err,
+                )
+            )
+            code = EXITS if name == "pod-c" else BLOCKED
+            program = subprocess.Popen(
+                [str(PYTHON), "-c", code, str(progress)],
+                env={
+                    "PATH": os.environ["PATH"],
+                    "MASTER_ADDR": MASTER[0],
+                    "MASTER_PORT": MASTER[1],
+                },
+                stdout=subprocess.PIPE,
+            )
+            assert program.stdout is not None and program.stdout.readline() == b"ready\n"
+            programs[name] = program
+            made.append(program)
+            log.write_text(
+                f"{ATTEMPT_PREFIX}run_id={JOB} restart=0 group_rank={rank} nodes=3 world_size=3 "
+                f"pid={program.pid}\n"
+            )
+        wait_until("the three members' keys", lambda: members(client) == [liveness.ALIVE] * 3, 20)
+        os.kill(made[2].pid, signal.SIGSTOP)  # pod-b's liveness frozen: its key lapses
+        wait_until(
+            "pod-a's and pod-c's programs to end",
+            lambda: programs["pod-a"].poll() is not None and programs["pod-c"].poll() is not None,
+            liveness.TTL + 8,
+            every=0.05,
+        )
+        assert programs["pod-a"].returncode == -signal.SIGKILL  # saved, then killed
+        assert programs["pod-c"].returncode == 143  # saved and exited: not killed
+        for name in ("pod-a", "pod-c"):
+            assert "saved=5" in (tmp_path / f"{name}.progress").read_text()
+        assert "saved its state" in (tmp_path / "pod-a.log").read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(made[2].pid, signal.SIGCONT)
+        for proc in made:
+            proc.kill()
+            proc.wait()

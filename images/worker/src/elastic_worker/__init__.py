@@ -28,7 +28,8 @@ pod's life:
     warm/            warm starts: a server that forks training processes (server.py,
                      child.py) and the client torchrun runs (client.py), protocol.py
     observe/         metrics (metrics.py), torchrun's attempts followed (attempts.py),
-                     Kubernetes Events (events.py), the API server (kubeapi.py)
+                     a script's snapshot lines (snapshots.py), Kubernetes Events
+                     (events.py), the API server (kubeapi.py)
     keystore/        the project's own etcd keys: the interface (interface.py) and its
                      two backends (etcdv2.py, etcdv3.py)
 

@@ -175,10 +175,11 @@ def _metrics(cfg: Config, recorder: events.Recorder) -> metrics.Tracker | None:
 
 
 def _start_follower(
-    tracker: metrics.Tracker, ready: Ready, env: dict[str, str]
+    tracker: metrics.Tracker | None, ready: Ready, env: dict[str, str]
 ) -> attempts.AttemptFollower | None:
-    """Follow torchrun's attempts for the metrics; None when there is nowhere to do it."""
-    from elastic_worker.observe import attempts  # noqa: PLC0415 - only when metrics are on
+    """Follow torchrun's attempts for the metrics (`tracker`) and the script's snapshot
+    lines; None when there is nowhere to do it."""
+    from elastic_worker.observe import attempts  # noqa: PLC0415 - metrics or loss detection
 
     members = ready.registration.count if ready.registration is not None else None
     try:
@@ -240,7 +241,8 @@ def _train(
     with contextlib.ExitStack() as services:
         if ready.registration is not None:  # written in the gate; its key goes last
             services.callback(ready.registration.stop)
-        follower = _start_follower(tracker, ready, env) if tracker is not None else None
+        wanted = tracker is not None or cfg.loss_detection
+        follower = _start_follower(tracker, ready, env) if wanted else None
         if follower is not None:
             services.callback(follower.stop)
         fence = Fence(cfg, client, ready.registration, relay.torchrun_pid)
@@ -259,6 +261,7 @@ def _train(
                 fence=fence,
                 on_lost=None if reclaimer is None else reclaimer.lapsed,
                 on_alive=None if reclaimer is None else reclaimer.alive,
+                saves=follower.saves if follower is not None else None,  # snapshot lines
             )
             services.callback(detector.stop)
         server = _start_warm(cfg, env)

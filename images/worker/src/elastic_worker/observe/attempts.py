@@ -1,12 +1,14 @@
-"""Follow what torchrun does through our own components, for the metrics.
+"""Follow what torchrun does through our own components, for the metrics and the log.
 
 The attempt shim (launch.ATTEMPT_LINE) appends each attempt line, with the PID of the
 program it then execs, to ELASTIC_ATTEMPT_LOG; the training script may append
-`step=<n>` lines to ELASTIC_PROGRESS_FILE (docs/contracts.md). Both files live in a
-private temporary directory of this process. A thread reads what was appended every
-`interval` seconds and watches the current attempt's process: its end is when this node
-left the round (a failure seen, or torchrun stopping it for a re-form). Nothing here reads
-torchrun's log lines or torch's etcd keys.
+`step=<n>` lines to ELASTIC_PROGRESS_FILE, and a script that keeps snapshots its
+`restored=` and `saved=` lines (docs/contracts.md, snapshots.py), which are logged and kept
+for the loss detection (`saves`). Both files live in a private temporary directory of this
+process. Without metrics (no tracker) only the snapshot lines are read. A thread reads
+what was appended every `interval` seconds and watches the current attempt's process: its
+end is when this node left the round (a failure seen, or torchrun stopping it for a
+re-form). Nothing here reads torchrun's log lines or torch's etcd keys.
 """
 
 from __future__ import annotations
@@ -17,9 +19,13 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elastic_worker.launch.attempt_line import ATTEMPT_LOG_ENV, Tail, parse_attempt, process_alive
-from elastic_worker.observe.metrics import Tracker, parse_progress
+from elastic_worker.observe import snapshots
+
+if TYPE_CHECKING:
+    from elastic_worker.observe.metrics import Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -29,20 +35,24 @@ MEMBERS_EVERY = 10  # intervals between counts of the registered members
 
 
 class AttemptFollower:
-    """Reads the attempt log and progress file into `tracker` from a daemon thread."""
+    """Reads the attempt log and progress file into `tracker` (None: metrics off) and
+    `saves` from a daemon thread."""
 
     def __init__(
         self,
-        tracker: Tracker,
+        tracker: Tracker | None,
         members: Callable[[], int] | None = None,
         interval: float = INTERVAL,
+        *,
+        progress_file: Path | None = None,
     ) -> None:
         self.tracker = tracker
+        self.saves = snapshots.Saves()
         self.members = members
         self.interval = interval
         self.dir = Path(tempfile.mkdtemp(prefix="elastic-worker-"))
         self.attempt_log = self.dir / "attempts"
-        self.progress_file = self.dir / "progress"
+        self.progress_file = progress_file or self.dir / "progress"
         self._attempts = Tail(self.attempt_log)
         self._progress = Tail(self.progress_file)
         self._pid: int | None = None
@@ -69,26 +79,56 @@ class AttemptFollower:
         while not self._stop.wait(self.interval):
             try:
                 self.poll()
-                if self.members is not None and tick % MEMBERS_EVERY == 0:
-                    self.tracker.members_registered(self.members())
+                tracker = self.tracker
+                if tracker is not None and self.members is not None and tick % MEMBERS_EVERY == 0:
+                    tracker.members_registered(self.members())
             except Exception as exc:  # noqa: BLE001 - metrics must never end the worker
                 logger.debug("following torchrun: %s", exc)
             tick += 1
 
     def poll(self) -> None:
         """One read of both files and one look at the current attempt's process."""
+        lines = self._progress.lines()
+        for line in lines:
+            event = snapshots.parse(line)
+            if event is not None:
+                self._snapshot(event)
+        tracker = self.tracker
+        if tracker is None:
+            return
+        from elastic_worker.observe.metrics import parse_progress  # noqa: PLC0415 - metrics on
+
         for line in self._attempts.lines():
             attempt = parse_attempt(line)
             if attempt is None:
                 continue
             if self._pid is not None and self._pid != attempt.pid:
-                self.tracker.attempt_ended()
+                tracker.attempt_ended()
             self._pid = attempt.pid
-            self.tracker.attempt(attempt)
+            tracker.attempt(attempt)
         # Progress before the liveness check: the last step of an attempt counts for it.
-        steps = [s for s in map(parse_progress, self._progress.lines()) if s is not None]
+        steps = [s for s in map(parse_progress, lines) if s is not None]
         if steps:
-            self.tracker.progress(max(steps))
+            tracker.progress(max(steps))
         if self._pid is not None and not process_alive(self._pid):
             self._pid = None
-            self.tracker.attempt_ended()
+            tracker.attempt_ended()
+
+    def _snapshot(self, event: snapshots.Restored | snapshots.Saved) -> None:
+        self.saves.heard(event)
+        if isinstance(event, snapshots.Saved):
+            step = "no consistent state" if event.step is None else f"step {event.step}"
+            logger.info(
+                "the training process saved %s to memory (%d file(s), %.2f s)",
+                step,
+                event.files,
+                event.seconds,
+            )
+            return
+        if self.tracker is not None:
+            self.tracker.restored(event)
+        if event.source != "none":
+            lost = "?" if event.lost is None else event.lost
+            logger.info(
+                "state restored at step %d from %s (%s steps lost)", event.step, event.source, lost
+            )

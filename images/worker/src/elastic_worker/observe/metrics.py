@@ -30,12 +30,18 @@ from prometheus_client import (
 from prometheus_client.exposition import start_http_server
 
 from elastic_worker.launch.attempt_line import AttemptLine
+from elastic_worker.observe.snapshots import Restored
 
 LABELS = ("elastic_job", "group")
 STATES = ("gating", "waiting_rendezvous", "training", "spare", "completed", "failed")
 # Re-form durations: the measured floor is ~5 s (docs/recovery.md); torch's defaults
 # take ~50 s; a stuck rendezvous runs into the join timeout (600 s).
 REFORM_BUCKETS = (1, 2.5, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600)
+# Steps lost per re-form: 0 or 1 from memory (packages/elastic-snapshot), up to a
+# checkpoint interval (tens to thousands of steps) from the checkpoint.
+STEPS_LOST_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+#: Where a restored state came from (snapshots.SOURCES but `none`, a first start).
+RESTORE_SOURCES = ("peer-memory", "local-memory", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ class JobMetrics:
     def __init__(self, who: Identity, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         values = (who.job, who.group)
+        self.values = values
         reg = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -119,6 +126,28 @@ class JobMetrics:
             LABELS,
             registry=reg,
         ).labels(*values)
+        # A script that keeps snapshots (packages/elastic-snapshot) says where each
+        # attempt's state came from and the steps its re-form lost (docs/contracts.md).
+        self.restores = Counter(
+            "elastic_job_restores",
+            "Rounds whose training state this pod loaded, by where it came from (another "
+            "pod's memory, this pod's, the checkpoint): a script that keeps snapshots",
+            (*LABELS, "source"),
+            registry=reg,
+        )
+        for source in RESTORE_SOURCES:
+            self.restores.labels(*values, source)
+        self.steps_lost = Histogram(
+            "elastic_job_reform_steps_lost",
+            "Per re-form, the steps lost: the newest step completed before it minus the step "
+            "the new round loaded (a script that keeps snapshots)",
+            LABELS,
+            buckets=STEPS_LOST_BUCKETS,
+            registry=reg,
+        ).labels(*values)
+        self.restored_step = gauge(
+            "elastic_job_restored_step", "The step this pod's current round started from"
+        )
         # The step series exist only once the script reports progress (docs/contracts.md,
         # "Progress"): a job whose script does not report has none, so an alert on "no
         # step progress" (ElasticJobTrainingStalled) stays silent for it.
@@ -323,6 +352,24 @@ class Tracker:
             self.step, self.step_at = step, now
             self.m.last_step().set(step)
             self.m.last_progress().set(now)
+
+    def restored(self, event: Restored) -> None:
+        """The training process of this attempt loaded its state (a `restored=` line)."""
+        with self._lock:
+            self.m.restored_step.set(event.step)
+            if event.source not in RESTORE_SOURCES:  # `none`: a first start, nothing lost
+                return
+            self.m.restores.labels(*self.m.values, event.source).inc()
+            if event.lost is not None:
+                self.m.steps_lost.observe(event.lost)
+        if self.notify is not None:
+            lost = "unknown" if event.lost is None else str(event.lost)
+            self.notify(
+                "StateRestored",
+                f"training state restored at step {event.step} from {event.source} "
+                f"({lost} steps lost)",
+                "Normal",
+            )
 
     def finished(self, completed: bool) -> None:
         with self._lock:

@@ -30,6 +30,11 @@ blocked. So, beside torchrun (docs/contracts.md, "Round liveness"):
   it runs again, before its torchrun can act.
 - A lapsed member is passed to `on_lost` with the round's survivors, and the members seen
   alive at each read to `on_alive` (recovery/reclaim.py).
+- A script that keeps snapshots (it said `restored=` in the progress file:
+  observe/snapshots.py) is stopped with SIGTERM instead, so that it saves its last step to
+  the node's memory (from a thread: its main thread is blocked in the dead collective), and
+  SIGKILLed once it said `saved=`, or after `stop_grace` s (TORCH_ELASTIC_SHUTDOWN_TIMEOUT's
+  value, what torchrun gives a worker after SIGTERM), if it has not exited by itself.
 
 Nothing is stopped once the job is complete: a member that finished is not lost.
 """
@@ -50,7 +55,9 @@ from typing import TYPE_CHECKING
 
 from elastic_worker import completion
 from elastic_worker.keystore import interface as kvstore
+from elastic_worker.launch import argv
 from elastic_worker.launch.attempt_line import Tail, ensure_log, parse_attempt, process_alive
+from elastic_worker.observe import snapshots
 from elastic_worker.settings.config import Config
 
 if TYPE_CHECKING:
@@ -110,7 +117,11 @@ class LossDetector:
         fence: Fence | None = None,
         on_lost: Callable[[list[str], set[str]], None] | None = None,
         on_alive: Callable[[set[str]], None] | None = None,
+        saves: snapshots.Saves | None = None,
+        stop_grace: float = 30.0,
     ) -> None:
+        self.saves = saves
+        self.stop_grace = stop_grace
         # One client per thread, with a short timeout: a refresh never waits on a read.
         self._writer = client.with_timeout(REQUEST_TIMEOUT)
         self._reader = client.with_timeout(REQUEST_TIMEOUT)
@@ -300,8 +311,35 @@ class LossDetector:
             why,
             attempt.pid,
         )
-        with contextlib.suppress(ProcessLookupError):  # it ended by itself meanwhile
-            os.kill(attempt.pid, signal.SIGKILL)
+        saves = self.saves
+        if saves is None or not saves.keeps:
+            with contextlib.suppress(ProcessLookupError):  # it ended by itself meanwhile
+                os.kill(attempt.pid, signal.SIGKILL)
+            return
+        before = saves.saved
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(attempt.pid, signal.SIGTERM)
+        threading.Thread(
+            target=self._kill_once_saved, args=(attempt.pid, saves, before), daemon=True
+        ).start()
+
+    def _kill_once_saved(self, pid: int, saves: snapshots.Saves, before: int) -> None:
+        """SIGKILL `pid` once its save is reported (its main thread may stay blocked in the
+        dead collective), or `stop_grace` s after the SIGTERM; nothing if it ended."""
+        deadline = time.monotonic() + self.stop_grace
+        while process_alive(pid) and time.monotonic() < deadline:
+            if saves.wait_saved(before, timeout=0.1):
+                break
+        if not process_alive(pid):
+            return
+        said = saves.saved > before
+        logger.info(
+            "silent loss: the training process (pid %d) %s: SIGKILL",
+            pid,
+            "saved its state" if said else f"did not save within {self.stop_grace:g} s",
+        )
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
     def _leave(self) -> None:
         written, self._written = self._written, None
@@ -321,11 +359,26 @@ def start(
     fence: Fence | None = None,
     on_lost: Callable[[list[str], set[str]], None] | None = None,
     on_alive: Callable[[set[str]], None] | None = None,
+    saves: snapshots.Saves | None = None,
 ) -> LossDetector:
     """Start watching the rounds of torchrun run with `env`; sets the attempt log there
-    when the metrics' follower did not (both read the same file)."""
+    when the metrics' follower did not (both read the same file). `saves`: what the
+    progress file's reader heard of the script's snapshots."""
     log, own_dir = ensure_log(env, "elastic-liveness-")
-    detector = LossDetector(client, config, log, fence=fence, on_lost=on_lost, on_alive=on_alive)
+    # What torchrun gives a worker after SIGTERM (the user may have set it).
+    stop_grace = float(
+        env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", argv.shutdown_timeout(config.grace_period))
+    )
+    detector = LossDetector(
+        client,
+        config,
+        log,
+        fence=fence,
+        on_lost=on_lost,
+        on_alive=on_alive,
+        saves=saves,
+        stop_grace=stop_grace,
+    )
     detector.own_dir = own_dir
     detector.start()
     return detector
