@@ -25,6 +25,17 @@ POD = f"{RELEASE}-elastic-job-default"  # worker pod names: POD-0, POD-1, ...
 ETCD_POD = f"{RELEASE}-etcd-rendezvous-0"
 
 
+# tests/e2e/user_script mounted into the pods as /opt/user-script (a hostPath volume).
+USER_SCRIPT_DIR = ROOT / "tests" / "e2e" / "user_script"
+USER_SCRIPT_SETS = [
+    "worker.extraVolumes[0].name=user-script",
+    f"worker.extraVolumes[0].hostPath.path={USER_SCRIPT_DIR}",
+    "worker.extraVolumeMounts[0].name=user-script",
+    "worker.extraVolumeMounts[0].mountPath=/opt/user-script",
+    "worker.extraVolumeMounts[0].readOnly=true",
+]
+
+
 def pod(n: int) -> str:
     return f"{POD}-{n}"
 

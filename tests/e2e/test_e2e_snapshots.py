@@ -1,0 +1,152 @@
+"""A user's own training script that keeps snapshots, through the chart in the local run
+(issue 21): tests/e2e/user_script/snap_train.py, FSDP2 across the three pods, adopts
+packages/elastic-snapshot in a few lines and prints nothing of elastic-job's. Each lost pod
+costs the survivors no step: they resume at the step before the fault, from memory (the lost
+pod's shard from its successor's), with exactly the state of that step; a pod and the next
+one lost together fall back to the checkpoint and say so.
+
+The script prints no `[train]` line, so the faults fire at seconds after the start (the
+first round of three trains by then); each scenario checks that it did.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from localrun_e2e import (
+    USER_SCRIPT_SETS,
+    LocalRun,
+    assert_cleaned_up,
+    in_order,
+    pod,
+    reform,
+    root_with_namespaces,
+    run_local,
+)
+
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(root_with_namespaces()), reason=root_with_namespaces() or "ok"),
+]
+
+STEP = re.compile(r"^\[snap\] step=(\d+) rank=(\d+) world=(\d+) digest=(\S+)$", re.M)
+START = re.compile(
+    r"^\[snap\] start step=(\d+) source=(\S+) lost=(\S+) rank=(\d+) world=(\d+) digest=(\S+)$"
+)
+
+
+def snap_command(steps: int, every: int) -> list[str]:
+    return [
+        "python", "/opt/user-script/snap_train.py", "--fsdp", "--steps", str(steps),
+        "--checkpoint-every", str(every), "--step-seconds", "0.3",
+        "--checkpoint-dir", "/checkpoints/snap",
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Start:
+    step: int
+    source: str
+    world: int
+    digest: float
+    last: int | None  # the last step this pod printed before it (its previous round's)
+
+
+def starts(run: LocalRun, n: int) -> list[Start]:
+    """Each start line of pod n's script, with the last step its previous process printed
+    (a pod's log holds its container restarts in order)."""
+    out: list[Start] = []
+    last: int | None = None
+    for line in run.log(pod(n)).splitlines():
+        if m := STEP.match(line):
+            last = int(m[1])
+        elif m := START.match(line):
+            out.append(Start(int(m[1]), m[2], int(m[5]), float(m[6]), last))
+    return out
+
+
+def step_digests(run: LocalRun, step: int, world: int) -> dict[int, float]:
+    """rank -> its digest of `step` in a round of `world` (each step is done once at a
+    world size: a restore from memory never goes back)."""
+    return {
+        int(m[2]): float(m[4])
+        for n in range(3)
+        for m in STEP.finditer(run.log(pod(n)))
+        if (int(m[1]), int(m[3])) == (step, world)
+    }
+
+
+def resumed_at(run: LocalRun, step: int, world: int) -> list[tuple[int, Start]]:
+    """The pods whose script started a round of `world` at `step`."""
+    return [(n, s) for n in range(3) for s in starts(run, n) if (s.step, s.world) == (step, world)]
+
+
+def test_each_loss_resumes_at_the_step_before_it_from_a_peers_memory(tmp_path: Path) -> None:
+    """pod 1 SIGKILLed, then pod 2's link cut (a silent loss), then pod 0 reclaimed
+    (SIGTERM, deleted and made again): each time the two others train again at the step
+    they had completed, with the lost pod's shard from its successor's memory, resharded
+    from three to two; the pod rejoins at the next re-form."""
+    run = run_local(
+        tmp_path,
+        f"--kill={pod(1)}@50:10",
+        f"--partition={pod(2)}@85:12",
+        f"--preempt={pod(0)}@125:10",
+        command=snap_command(600, 50),
+        sets=USER_SCRIPT_SETS,
+        timeout=420,
+    )
+    s = run.summary
+    assert run.rc == 0, run.describe()
+    assert s["completed"] is True, run.describe()
+    assert in_order(s["world_sizes"], [3, 2, 3, 2, 3, 2, 3]), run.describe()
+    for cause, lost in (("kill", 1), ("partition", 2), ("preempt", 0)):
+        r = reform(run, f"{cause} {pod(lost)}")
+        assert r["world_size"] == 2, (r, run.timeline("[snap] start", "restored"))
+        assert r["state_from"] == "peer-memory", r
+        assert r["steps_lost"] == 0, r
+        step = r["resumed_step"]
+        survivors = resumed_at(run, step, 2)
+        assert sorted(n for n, _ in survivors) == sorted({0, 1, 2} - {lost}), (r, survivors)
+        for _, start in survivors:
+            # The step before the fault: the last one the pod completed before it.
+            assert start.last == step, (cause, start)
+        # Exactly the state of that step: the new shards' digests add up to the old ones'.
+        old = step_digests(run, step, 3)
+        assert sorted(old) == [0, 1, 2], (cause, step, old)
+        assert sum(st.digest for _, st in survivors) == pytest.approx(
+            sum(old.values()), rel=1e-12
+        ), (cause, step)
+    said = run.timeline("state restored at step")
+    assert "from peer-memory" in said, said
+    assert_cleaned_up(run)
+
+
+def test_two_adjacent_pods_lost_fall_back_to_the_checkpoint_and_say_so(tmp_path: Path) -> None:
+    """pods 1 and 2 SIGKILLed together (with three pods in the ring, any two are
+    neighbours): pod 1's shard and its only replica are gone, so pod 0 trains on alone
+    (job.minNodes=1) from the checkpoint and says why in one line."""
+    run = run_local(
+        tmp_path,
+        f"--kill={pod(1)}@50:15",
+        f"--kill={pod(2)}@50:15",
+        command=snap_command(260, 10),
+        sets=[*USER_SCRIPT_SETS, "job.minNodes=1"],
+        timeout=360,
+    )
+    s = run.summary
+    assert run.rc == 0, run.describe()
+    assert s["completed"] is True, run.describe()
+    r = reform(run, f"kill {pod(1)}")
+    assert r["world_size"] == 1, (r, run.describe())
+    assert r["state_from"] == "checkpoint", r
+    assert r["resumed_step"] % 10 == 0, r
+    log0 = run.log(pod(0))
+    assert re.search(
+        r"not from memory: step \d+ \(world 3\): the shards of ranks \d are held by nobody",
+        log0,
+    ), log0[-3000:]
+    assert_cleaned_up(run)
