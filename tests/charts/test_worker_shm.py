@@ -7,7 +7,14 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from chart_render import ELASTIC_JOB, objects, pod_spec, render_error, worker_statefulsets
+from chart_render import (
+    ELASTIC_JOB,
+    container,
+    objects,
+    pod_spec,
+    render_error,
+    worker_statefulsets,
+)
 
 GI = 1024**3
 
@@ -106,3 +113,18 @@ def test_what_is_not_a_quantity_is_refused(
 ) -> None:
     err = render_error(ELASTIC_JOB, helm=helm, values=[_values(tmp_path, value, None)])
     assert name in err.stderr or "/worker/shmSizeLimit" in err.stderr, err.stderr
+
+
+def test_snapshots_default_to_the_workers_memory_volume(helm: Path, tmp_path: Path) -> None:
+    """packages/elastic-snapshot saves to /dev/shm/elastic-snapshot unless told otherwise:
+    the worker container's memory-backed emptyDir (a pod's node-local memory, kept across a
+    container restart), sized by worker.shmSizeLimit."""
+    from elastic_snapshot.snapshots import DEFAULT_ROOT  # noqa: PLC0415 - imports torch
+
+    (sts,) = worker_statefulsets(
+        objects(ELASTIC_JOB, helm=helm, values=[_values(tmp_path, "2Gi", None)])
+    )
+    mounts = {m["name"]: m["mountPath"] for m in container(sts, "worker")["volumeMounts"]}
+    [dshm] = [v for v in pod_spec(sts)["volumes"] if v["name"] == "dshm"]
+    assert DEFAULT_ROOT.startswith(mounts["dshm"].rstrip("/") + "/"), (DEFAULT_ROOT, mounts)
+    assert dshm["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
