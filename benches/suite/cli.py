@@ -27,6 +27,15 @@ Through the local run of the chart (scripts/bench-churn does the work; root, nam
             20, 2): kept samples per wall second, elastic-job (2:3) beside a fixed-size
             job (3:3) that waits for the pod and resumes from its checkpoint
 
+What a loss costs with snapshots in memory (packages/elastic-snapshot) beside today's
+checkpoint-only path (scripts/bench-snapshots does the work):
+
+  snap-loss      one node of three lost (SIGKILL, frozen: a silent loss, SIGTERM), DDP and
+                 FSDP2: steps lost and seconds until the survivors train again
+  snap-overhead  seconds per step with and without: train.py, a 100M+ parameter model
+  snap-goodput   one pod lost every T s, back R s later, a checkpoint every 100 steps:
+                 kept steps per second over the no-loss rate (the local run: root)
+
 Writes bench.json (with each figure's duration) and, when matplotlib is installed, the plots
 to --out (benches/suite/plots.py; docs/benchmarks.md shows them). The durations above are on
 2 cores: --quick's is the run in docs/benchmarks/bench.json (tests/docs checks it).
@@ -55,6 +64,8 @@ from benches.churn.report import FIGURES as CHURN_FIGURES
 from benches.churn.report import SLOW
 from benches.env import ROOT
 from benches.rendezvous.figure import RDZV_PROFILES, rdzv_summary, rendezvous_once
+from benches.snapshots.cli import run_figures as run_snapshot_figures
+from benches.snapshots.report import FIGURES as SNAPSHOT_FIGURES
 from benches.stats import summary
 from benches.suite.figures import FIGURES, PROFILES, RUNS, run_once
 from benches.suite.plots import draw_all
@@ -111,7 +122,7 @@ def select_figures(parser: argparse.ArgumentParser, only: list[str], quick: bool
     """--only's figures, else all but --quick's slow ones; the local run's figures need
     root: refused when asked for by name, else skipped with a line saying why."""
     figures = only or [f for f in FIGURES if not (quick and f in SLOW)]
-    churn = [f for f in figures if f in CHURN_FIGURES]
+    churn = [f for f in figures if f in (*CHURN_FIGURES, "snap-goodput")]
     why = needs_root() if churn else ""
     if why and only:
         parser.error(f"--only {','.join(churn)}: {why}")
@@ -190,6 +201,8 @@ def run(opts: Options) -> dict[str, Any]:
     for figure in [f for f in CHURN_FIGURES if f in opts.figures]:
         churn = timed(partial(run_figures, [figure], opts.quick, opts.repeat, say))
         results[figure] = {**churn[figure], "duration_s": churn["duration_s"]}
+    for figure in [f for f in SNAPSHOT_FIGURES if f in opts.figures]:
+        results.update(run_snapshot_figures([figure], opts.quick, opts.repeat, say))
     results["duration_s"] = round(time.monotonic() - start)
     return results
 

@@ -8,6 +8,7 @@ from typing import Any, cast
 from benches.churn.report import FIGURES as CHURN_FIGURES
 from benches.recovery.measure import Result
 from benches.recovery.measure import run_once as recovery_run
+from benches.snapshots.report import FIGURES as SNAPSHOT_FIGURES
 
 #: What each figure compares: torch's defaults (with its shared-store hang avoided, so
 #: that the baseline finishes) and elastic-worker's defaults, warm starts on.
@@ -19,7 +20,7 @@ RUNS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "scaleup": ("scale-up 2 -> 3", {"scaleup": True}, ("none",)),
     "bringup": ("bring-up of 4", {"nodes": 4, "bringup_only": True}, ("none",)),
 }
-FIGURES = [*RUNS, "rendezvous", *CHURN_FIGURES]
+FIGURES = [*RUNS, "rendezvous", *CHURN_FIGURES, *SNAPSHOT_FIGURES]
 
 
 def last_phases(result: Result) -> dict[str, float]:

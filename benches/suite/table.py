@@ -7,6 +7,7 @@ from typing import Any
 
 from benches.churn.report import table_lines as churn_lines
 from benches.rendezvous.figure import RDZV_PROFILES
+from benches.snapshots.report import table_lines as snapshot_lines
 from benches.suite.figures import PROFILES, RUNS
 
 
@@ -72,7 +73,7 @@ def table_lines(results: dict[str, Any]) -> list[str]:
         out += _rendezvous_lines(results["rendezvous"]["summary"])
     for title, fixed, elastic, ratio in churn_lines(results):
         out.append(f"{title:<34} {fixed:>34} {elastic:>30} {ratio:>6}")
-    return out
+    return out + snapshot_lines(results)
 
 
 def print_table(results: dict[str, Any]) -> None:

@@ -214,5 +214,8 @@ def test_bench_help_names_the_churn_figures_and_that_quick_skips_the_slow_one() 
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "{kill,sigterm,scaleup,bringup,rendezvous,silent,goodput}" in result.stdout
+    assert (
+        "{kill,sigterm,scaleup,bringup,rendezvous,silent,goodput,snap-loss,snap-overhead,"
+        "snap-goodput}" in "".join(result.stdout.split())
+    )
     assert "silent skipped" in " ".join(result.stdout.split())
