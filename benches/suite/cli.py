@@ -2,6 +2,7 @@
 
     scripts/bench                 # 3 repeats, up to 256 agents, the silent loss: over an hour
     scripts/bench --quick         # one run of each, fewer agents, no silent loss: ~25 min
+                                  # (nor the snap-* figures: scripts/bench-snapshots --quick)
     scripts/bench --only rendezvous --out out/bench
 
 Each figure is measured for torch's defaults and for what elastic-worker runs, in the
@@ -90,7 +91,8 @@ def parse(argv: list[str] | None = None) -> Options:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="one repeat, up to 32 agents, goodput's short variant, silent skipped",
+        help="one repeat, up to 32 agents, goodput's short variant, silent skipped (and the "
+        "snap-* figures: scripts/bench-snapshots --quick runs them)",
     )
     parser.add_argument("--repeat", type=int, help="repeats per figure (default 3, quick 1)")
     parser.add_argument("--only", action="append", choices=FIGURES, default=[])
@@ -121,7 +123,7 @@ def parse(argv: list[str] | None = None) -> Options:
 def select_figures(parser: argparse.ArgumentParser, only: list[str], quick: bool) -> list[str]:
     """--only's figures, else all but --quick's slow ones; the local run's figures need
     root: refused when asked for by name, else skipped with a line saying why."""
-    figures = only or [f for f in FIGURES if not (quick and f in SLOW)]
+    figures = only or [f for f in FIGURES if not (quick and f in (*SLOW, *SNAPSHOT_FIGURES))]
     churn = [f for f in figures if f in (*CHURN_FIGURES, "snap-goodput")]
     why = needs_root() if churn else ""
     if why and only:
