@@ -92,10 +92,10 @@ def test_each_loss_resumes_at_the_step_before_it_from_a_peers_memory(tmp_path: P
     from three to two; the pod rejoins at the next re-form."""
     run = run_local(
         tmp_path,
-        f"--kill={pod(1)}@50:10",
-        f"--partition={pod(2)}@85:12",
-        f"--preempt={pod(0)}@125:10",
-        command=snap_command(600, 50),
+        f"--kill={pod(1)}@45:8",
+        f"--partition={pod(2)}@75:10",
+        f"--preempt={pod(0)}@105:8",
+        command=snap_command(400, 50),
         sets=USER_SCRIPT_SETS,
         timeout=420,
     )
@@ -131,9 +131,9 @@ def test_two_adjacent_pods_lost_fall_back_to_the_checkpoint_and_say_so(tmp_path:
     (job.minNodes=1) from the checkpoint and says why in one line."""
     run = run_local(
         tmp_path,
-        f"--kill={pod(1)}@50:15",
-        f"--kill={pod(2)}@50:15",
-        command=snap_command(260, 10),
+        f"--kill={pod(1)}@45:15",
+        f"--kill={pod(2)}@45:15",
+        command=snap_command(180, 10),
         sets=[*USER_SCRIPT_SETS, "job.minNodes=1"],
         timeout=360,
     )
