@@ -3,6 +3,12 @@ under torchrun, with or without elastic-snapshot: rank 0 prints one JSON line, t
 seconds of a whole step (forward, backward, optimizer, step_done: a wait for the ring's
 copy or exchange shows in the step) and the library's costs (Snapshots.stats).
 
+With --restore, then: every rank saves its snapshot to memory as a loss would make it,
+the last rank's node forgets its own (a new node), and a fresh model and optimizer are
+restored from memory (the agreement, the holder's broadcast or the shards, the load), then
+from a torch.distributed.checkpoint of the same step on disk (--checkpoint-dir): the seconds
+of each, the restore a loss costs beside the checkpoint load it replaces.
+
     torchrun --nnodes=3 --nproc-per-node=1 ... -m benches.snapshots.bigmodel \\
         --parallel fsdp2 --replicate-every 1 [--no-snapshots] --width 3584 --depth 8
 """
@@ -15,6 +21,7 @@ import os
 import statistics
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,7 +34,7 @@ WARMUP = 2  # steps left out: the first allocates the optimizer state and the bu
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--parallel", choices=("ddp", "fsdp2"), required=True)
     parser.add_argument("--snapshots", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--replicate-every", type=int, default=1)
@@ -35,21 +42,12 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--restore", action="store_true")
+    parser.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR", "/tmp"))
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
-    torch.manual_seed(0)
-    net = nn.Sequential(
-        *[nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU()) for _ in range(args.depth)]
-    )
-    params = sum(p.numel() for p in net.parameters())
-    if args.parallel == "fsdp2":
-        for layer in net:
-            fully_shard(layer)
-        fully_shard(net)
-        model: nn.Module = net
-    else:
-        model = DistributedDataParallel(net)
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, optim = build(args)
+    params = args.depth * (args.width * args.width + args.width)
     snap = None
     if args.snapshots:
         snap = Snapshots(model, optim, replicate_every=args.replicate_every)
@@ -63,8 +61,12 @@ def main() -> None:
         if snap is not None:
             snap.step_done(step)
         took.append(time.perf_counter() - began)
+    restore: dict[str, Any] = {}
+    if args.restore and snap is not None:
+        restore = restore_seconds(args, model, optim, snap)
     if dist.get_rank() == 0:
         line = {
+            **restore,
             "params": params,
             "parallel": args.parallel,
             "snapshots": args.snapshots,
@@ -77,6 +79,63 @@ def main() -> None:
         print(f"BIGMODEL {json.dumps(line)}", flush=True)
     dist.barrier()
     os._exit(0)  # no teardown: nothing of it is measured
+
+
+def build(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(1)
+    net = nn.Sequential(
+        *[nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU()) for _ in range(args.depth)]
+    )
+    if args.parallel == "fsdp2":
+        for layer in net:
+            fully_shard(layer)
+        fully_shard(net)
+        return net, torch.optim.AdamW(net.parameters(), lr=1e-4)
+    model = DistributedDataParallel(net)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def restore_seconds(
+    args: argparse.Namespace, model: nn.Module, optim: torch.optim.Optimizer, snap: Snapshots
+) -> dict[str, Any]:
+    """Seconds to restore this state from memory and from a DCP checkpoint, fresh objects."""
+    from torch.distributed.checkpoint.state_dict import (  # noqa: PLC0415
+        get_state_dict,
+        set_state_dict,
+    )
+    from torch.distributed.checkpoint.state_dict_loader import load  # noqa: PLC0415
+    from torch.distributed.checkpoint.state_dict_saver import save  # noqa: PLC0415
+
+    path = f"{args.checkpoint_dir}/bigmodel-{os.environ.get('TORCHELASTIC_RUN_ID', 'x')}"
+    msd, osd = get_state_dict(model, optim)
+    save({"model": msd, "optim": osd}, checkpoint_id=path)
+    began = time.perf_counter()
+    saved = snap.save("bench: a loss", timeout=10)
+    save_s = time.perf_counter() - began
+    if dist.get_rank() == dist.get_world_size() - 1:
+        for file in saved:
+            file.unlink()  # a new node: it holds nothing
+    dist.barrier()
+    fresh, fresh_optim = build(args)
+    again = Snapshots(fresh, fresh_optim, replicate_every=0)
+    dist.barrier()
+    began = time.perf_counter()
+    restored = again.restore()
+    memory_s = time.perf_counter() - began
+    other, other_optim = build(args)
+    dist.barrier()
+    began = time.perf_counter()
+    msd, osd = get_state_dict(other, other_optim)
+    load({"model": msd, "optim": osd}, checkpoint_id=path)
+    set_state_dict(other, other_optim, model_state_dict=msd, optim_state_dict=osd)
+    dist.barrier()
+    checkpoint_s = time.perf_counter() - began
+    return {
+        "save_to_memory_s": round(save_s, 3),
+        "restore_from_memory_s": round(memory_s, 3),
+        "restored_source": restored.source,
+        "load_checkpoint_s": round(checkpoint_s, 3),
+    }
 
 
 if __name__ == "__main__":

@@ -67,6 +67,13 @@ def overhead_lines(results: dict[str, Any]) -> list[str]:
             f"({(os_ / bs - 1) * 100:+.1f} %, load average {o[0]['load_average']})"
         )
         out.append(line)
+        r = next((x for x in b + o if "restore_from_memory_s" in x), None)
+        if r is not None:
+            out.append(
+                f"    restore after a loss: save to memory {r['save_to_memory_s']:.2f} s, "
+                f"restore from memory {r['restore_from_memory_s']:.2f} s "
+                f"({r['restored_source']}) against a checkpoint load {r['load_checkpoint_s']:.2f} s"
+            )
         stats = o[0].get("stats", {})
         if kept and stats.get("ring_copies"):
             n = stats["ring_copies"]
