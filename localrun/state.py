@@ -235,6 +235,11 @@ class RunState:
             self._restores.append((t, ev))
             lost = "?" if ev.lost is None else ev.lost
             self.say(f"{pod}: state restored at step {ev.step} from {ev.source} ({lost} lost)")
+            if self.reforms and not self._pending:
+                # The worker reads the script's line every 0.5 s: it may come after the
+                # first step of the new round, which resolved the re-form.
+                last = self.reforms[-1]
+                last.restored(self._restores_between(last.fault_at, t))
         elif isinstance(ev, TrainEvent):
             self.train(pod, t, ev)
         elif isinstance(ev, WorkerMessage):

@@ -6,7 +6,8 @@ pod's shard from its successor's), with exactly the state of that step; a pod an
 one lost together fall back to the checkpoint and say so.
 
 The script prints no `[train]` line, so the faults fire at seconds after the start (the
-first round of three trains by then); each scenario checks that it did.
+first round of three trains by then, and 40 s leave each lost pod the time to rejoin
+before the next fault); each scenario checks what it relies on.
 """
 
 from __future__ import annotations
@@ -93,9 +94,9 @@ def test_each_loss_resumes_at_the_step_before_it_from_a_peers_memory(tmp_path: P
     run = run_local(
         tmp_path,
         f"--kill={pod(1)}@45:8",
-        f"--partition={pod(2)}@75:10",
-        f"--preempt={pod(0)}@105:8",
-        command=snap_command(400, 50),
+        f"--partition={pod(2)}@85:10",
+        f"--preempt={pod(0)}@125:8",
+        command=snap_command(480, 50),
         sets=USER_SCRIPT_SETS,
         timeout=420,
     )

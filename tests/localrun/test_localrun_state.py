@@ -252,3 +252,17 @@ def test_a_checkpoint_restore_is_said_so_beside_the_steps_of_the_script() -> Non
     (kill,) = s.as_dict()["reforms"]
     assert (kill["resumed_step"], kill["steps_lost"], kill["state_from"]) == (10, 2, "checkpoint")
     assert "state from checkpoint" in summary_text(s.as_dict(), Path("logs"))
+
+
+def test_a_restore_line_read_after_the_new_rounds_first_step_still_counts() -> None:
+    """The worker reads the script's `restored=` line every 0.5 s: its line may come after
+    the first step of the new round, which resolved the re-form."""
+    s = RunState()
+    _steps(s, 0, 1, 8, 3)
+    s.fault(8, "kill p1")
+    s.train("p0", 12, TrainEvent("resumed", 8))
+    _steps(s, 12, 9, 9, 2)
+    s.line("p0", "worker", RESTORED.format(step=8, source="local-memory", lost=0), 12.4)
+    s.line("p2", "worker", RESTORED.format(step=8, source="peer-memory", lost=0), 12.5)
+    (kill,) = s.as_dict()["reforms"]
+    assert (kill["resumed_step"], kill["steps_lost"], kill["state_from"]) == (8, 0, "peer-memory")
