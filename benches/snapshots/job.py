@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -98,7 +99,7 @@ class Job:
                 "ELASTIC_GRACE_PERIOD": "30",
                 "ELASTIC_LOCAL_ADDR": f"127.0.0.{41 + i}",
                 "ELASTIC_LIFELINE_PORT": port,
-                "ELASTIC_SNAPSHOT_DIR": str(workdir / f"shm-{name}"),
+                "ELASTIC_SNAPSHOT_DIR": str(node_memory(workdir) / name),
                 "CHECKPOINT_DIR": str(workdir / "ckpt"),  # shared by the nodes
                 "POD_NAME": name,
                 "GLOO_SOCKET_IFNAME": "lo",
@@ -123,9 +124,17 @@ class Job:
     def stop(self) -> None:
         for node in self.nodes:
             node.end()
+        shutil.rmtree(node_memory(self.workdir), ignore_errors=True)
         self.etcd.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.etcd.wait(10)
+
+
+def node_memory(workdir: Path) -> Path:
+    """Where the nodes of the job in `workdir` keep their snapshots: /dev/shm (a memory file
+    system, as a pod's is) when there is one, a directory per node below it."""
+    shm = Path("/dev/shm")
+    return (shm if shm.is_dir() else workdir) / f"bench-snapshots-{workdir.name}"
 
 
 def wait_for(

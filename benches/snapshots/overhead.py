@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -25,6 +26,7 @@ from typing import Any
 
 from benches.env import ROOT, VENV_BIN
 from benches.procs import free_port
+from benches.snapshots.job import node_memory
 from benches.snapshots.scripts import TRAIN_PY
 
 NODES = 3
@@ -48,8 +50,9 @@ def torchrun_static(
         "CHECKPOINT_DIR": str(workdir / "ckpt"),
     }
     procs, lines, readers = [], [], []
+    shm = node_memory(workdir)
     for rank in range(NODES):
-        env_i = {**env, "ELASTIC_SNAPSHOT_DIR": str(workdir / f"shm-{rank}")}
+        env_i = {**env, "ELASTIC_SNAPSHOT_DIR": str(shm / f"node-{rank}")}
         proc = subprocess.Popen(
             [
                 str(VENV_BIN / "torchrun"),
@@ -77,6 +80,7 @@ def torchrun_static(
             proc.kill()
     for reader in readers:
         reader.join(5)
+    shutil.rmtree(shm, ignore_errors=True)
     return lines
 
 
@@ -123,6 +127,7 @@ def run_overhead(
             say(json.dumps(rows[-1]))
         if big:
             for parallel, every in (("ddp", None), ("ddp", 0), ("fsdp2", 0), ("fsdp2", 1)):
-                rows.append(big_once(parallel, every, workdir(), restore=every == 0))
+                restore = (parallel, every) in (("ddp", 0), ("fsdp2", 1))
+                rows.append(big_once(parallel, every, workdir(), restore=restore))
                 say(json.dumps(rows[-1]))
     return {"rows": rows, "load_average_end": round(os.getloadavg()[0], 1)}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from elastic_snapshot.plan import CHECKPOINT, MEMORY, NONE, OWN, REPLICA, Held, decide
 from hypothesis import given
 from hypothesis import strategies as st
@@ -139,3 +141,17 @@ def test_replicated_and_sharded_files_do_not_mix() -> None:
     """A DDP snapshot cannot restore an FSDP2 model of the same shapes, nor the reverse."""
     assert decide([own(0, 5)], None, sharded=True).source == NONE
     assert decide([own(0, 5, shard=True)], None, sharded=False).source == NONE
+
+
+def test_ranks_holding_the_same_bytes_load_their_own_the_others_receive() -> None:
+    """DDP survivors load their own copy; a new node (nothing held) or a rank whose copy of
+    that step differs (another digest) gets the server's bytes from a holder."""
+    held = [
+        dataclasses.replace(own(0, 9), digest=7),
+        dataclasses.replace(own(1, 9), digest=7),
+        dataclasses.replace(own(2, 9), digest=8),
+        own(3, 4),
+    ]
+    plan = decide(held, None, sharded=False)
+    assert plan.replicated_from is not None and plan.replicated_from.rank == 0
+    assert [h.rank for h in plan.replicated_holders] == [0, 1]

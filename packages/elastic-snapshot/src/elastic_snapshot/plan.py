@@ -4,8 +4,8 @@ Every rank announces the snapshot files it can read (`Held`), rank 0 also the ne
 checkpoint's step; `decide` is a pure function of those announcements, so every rank,
 given the same all_gather, computes the same `Plan`:
 
-- replicated state (DDP): the newest step any own file holds, served by the lowest rank
-  that holds it;
+- replicated state (DDP): the newest step any own file holds; every rank holding the same
+  bytes (step and digest) loads its own copy, the others get it from one of them;
 - sharded state (FSDP2) of a world of W ranks: the newest step at which each of the W
   shards is held (by its owner's own file, else by the replica on the next node) and an
   own file gives the replicated part; each shard served by one holder;
@@ -41,6 +41,7 @@ class Held:
     replicated: bool  # has the replicated part (own files)
     shard: bool  # has a shard (sharded states)
     layout: int = 0  # a hash of the tensors' specs: files of one state have the same
+    digest: int = 0  # of the replicated part's content (own files): equal copies, equal digest
 
     def key(self) -> tuple[str, str]:
         return self.node, self.file
@@ -51,7 +52,9 @@ class Plan:
     source: str  # MEMORY, CHECKPOINT or NONE
     step: int  # the step every rank loads (0 for NONE)
     world: int = 0  # the world size of the layout the memory state was written in
-    replicated_from: Held | None = None
+    replicated_from: Held | None = None  # the file whose trailer (skeleton, specs) all use
+    # One file per rank that holds those same replicated bytes (replicated_from's among them).
+    replicated_holders: tuple[Held, ...] = ()
     shards: dict[int, Held] = field(default_factory=dict)  # old rank -> who serves its shard
     lost: int | None = None  # newest step completed before the loss minus `step`
     note: str = ""  # why memory was not used although some was held
@@ -75,8 +78,24 @@ def decide(
         return Plan(NONE, 0, note=note)
     lost = max(0, (newest if newest is not None else best.step) - best.step)
     return Plan(
-        MEMORY, best.step, best.world, best.replicated_from, best.shards, lost=lost, note=note
+        MEMORY,
+        best.step,
+        best.world,
+        best.replicated_from,
+        best.replicated_holders,
+        best.shards,
+        lost=lost,
+        note=note,
     )
+
+
+def _holders(server: Held, candidates: list[Held]) -> tuple[Held, ...]:
+    """One file per rank holding what `server` holds (the same step and bytes)."""
+    same = [h for h in candidates if (h.step, h.digest) == (server.step, server.digest)]
+    by_rank: dict[int, Held] = {}
+    for h in sorted(same, key=lambda h: (h.rank, h.file)):
+        by_rank.setdefault(h.rank, h)
+    return tuple(by_rank.values())
 
 
 def _replicated(held: list[Held]) -> tuple[Plan | None, str]:
@@ -85,7 +104,7 @@ def _replicated(held: list[Held]) -> tuple[Plan | None, str]:
         return None, ""
     top = max(h.step for h in own)
     server = min((h for h in own if h.step == top), key=lambda h: (h.rank, h.file))
-    return Plan(MEMORY, top, server.world, server), ""
+    return Plan(MEMORY, top, server.world, server, _holders(server, own)), ""
 
 
 def _sharded(held: list[Held]) -> tuple[Plan | None, str]:
@@ -105,7 +124,7 @@ def _sharded(held: list[Held]) -> tuple[Plan | None, str]:
         own = [h for h in files if h.kind == OWN and h.replicated]
         if not missing and own:
             server = min(own, key=lambda h: (h.rank, h.file))
-            return Plan(MEMORY, step, world, server, shards), note
+            return Plan(MEMORY, step, world, server, _holders(server, own), shards), note
         if not note and missing:
             note = (
                 f"step {step} (world {world}): the shards of ranks "

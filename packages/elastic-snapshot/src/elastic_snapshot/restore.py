@@ -5,12 +5,14 @@ holders serve, every rank loads the same step, checked.
    announces them; rank 0 adds the newest checkpoint's step (one all_gather_object).
 2. plan.decide, the same on every rank: memory (which step, who serves what), the
    checkpoint, or nothing.
-3. Memory: the rank serving the replicated part broadcasts it (in 64 MiB chunks, checking
-   its CRC-32 as it sends); for a sharded state every rank receives, point to point, the
+3. Memory: a rank that holds the chosen replicated part (the same step and bytes) loads
+   its own copy; the others receive it point to point from those holders (round robin);
+   every copy loaded or sent is checked against its CRC-32s first. For a sharded state
+   every rank also receives, point to point, the
    rows of each tensor its new shard needs from the rank holding the old shard that has
    them, into the tensors it will load (a new world size is resharded on the way: each rank
    receives about 1/world of the state, and needs no memory beyond its new shard); serving
-   ranks check their shard files' CRC-32 first. One all_gather_object says whether any
+   ranks check their shard files' CRC-32s first. One all_gather_object says whether any
    part failed its check: then the plan is made again without those files (at most three
    times), else the checkpoint.
 4. Load (set_model_state_dict, each optimizer's load_state_dict, extra), then one
@@ -41,8 +43,8 @@ from .state import Json, Slot, SnapshotError, Spec, as_buffer, layout, rows, unf
 if TYPE_CHECKING:
     from .snapshots import Snapshots
 
-CHUNK = 64 << 20  # bytes per broadcast: bounds what a chunk holds in flight
 ATTEMPTS = 3
+_REPLICATED_TAG = 1 << 20  # above the shards' tags (old ranks)
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,7 @@ def _held(snap: Snapshots, opened: store.Opened) -> Held:
         replicated=h.replicated is not None,
         shard=h.shard is not None,
         layout=specs_hash(h.specs),
+        digest=h.replicated.digest() if h.replicated is not None else 0,
     )
 
 
@@ -191,13 +194,7 @@ def _receive(
     dist.broadcast_object_list(box, src=server.rank, group=group)
     header = store.Header.from_json(box[0])
     assert header.replicated is not None
-    nodes = {server.node}
-    if serving is not None:
-        image = serving.part("replicated")
-    else:
-        image = torch.empty(header.replicated.size, dtype=torch.uint8)
-    if not _broadcast(image, server.rank, group, header.replicated.crc if serving else None):
-        bad.append(server.key())
+    image, nodes = _replicated_part(snap, plan, header.replicated.size, files, bad)
     shards: dict[int, torch.Tensor] = {}
     if plan.shards:
         for h in plan.shards.values():
@@ -208,18 +205,40 @@ def _receive(
     return _Received(header, image, shards, nodes)
 
 
-def _broadcast(image: torch.Tensor, src: int, group: Any, crc: int | None) -> bool:
-    """Broadcast `image` from `src` in chunks; on `src`, check its CRC-32 (`crc`) while
-    the chunks go out. True unless that check failed."""
-    value = 0
-    for start in range(0, image.numel(), CHUNK):
-        chunk = image[start : start + CHUNK]
-        work = dist.broadcast(chunk, src=src, group=group, async_op=True)
-        if crc is not None:
-            value = zlib.crc32(as_buffer(chunk), value)
-        assert work is not None
-        work.wait()
-    return crc is None or value == crc
+def _replicated_part(
+    snap: Snapshots,
+    plan: Plan,
+    size: int,
+    files: dict[str, store.Opened],
+    bad: list[tuple[str, str]],
+) -> tuple[torch.Tensor, set[str]]:
+    """This rank's replicated bytes, and the nodes they came from: its own copy when it
+    holds the same bytes (checked), else point to point from a rank that does (the ranks
+    that hold nothing are spread over those that hold it, round robin)."""
+    me, group = snap.rank, snap.group
+    holders = {h.rank: h for h in plan.replicated_holders}
+    sources = sorted(holders)
+    needers = [r for r in range(snap.world) if r not in holders]
+    source_of = {needer: sources[i % len(sources)] for i, needer in enumerate(needers)}
+    if me in holders:
+        opened = files[holders[me].file]
+        if not opened.verify("replicated"):
+            bad.append(holders[me].key())
+        image = opened.part("replicated")
+        nodes = {snap.node}
+    else:
+        image = torch.empty(size, dtype=torch.uint8)
+        nodes = {holders[source_of[me]].node}
+    works = []
+    for needer, source in source_of.items():
+        if source == me and size:
+            works.append(dist.isend(image, needer, group=group, tag=_REPLICATED_TAG))
+        elif needer == me and size:
+            works.append(dist.irecv(image, source, group=group, tag=_REPLICATED_TAG))
+    for work in works:
+        if work is not None:
+            work.wait()
+    return image, nodes
 
 
 def _overlapping(length: int, parts: int, lo: int, hi: int) -> range:

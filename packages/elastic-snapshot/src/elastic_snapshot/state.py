@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,18 +232,3 @@ def as_buffer(data: torch.Tensor) -> memoryview:
     """A contiguous uint8 host tensor's memory, without a copy."""
     array: Any = data.numpy()
     return memoryview(array)
-
-
-def iter_refs(skeleton: Json) -> Iterator[int]:
-    """Every tensor index the skeleton refers to."""
-    if isinstance(skeleton, dict):
-        ((tag, body),) = skeleton.items()
-        if tag == "r":
-            yield int(body)
-            return
-        values = body.values() if tag == "d" else body
-        for v in values:
-            yield from iter_refs(v)
-    elif isinstance(skeleton, list):
-        for v in skeleton:
-            yield from iter_refs(v)

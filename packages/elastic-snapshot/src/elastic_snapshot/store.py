@@ -7,7 +7,7 @@ whole file or none, and it ends with a trailer that says what it holds:
     trailer    JSON: job, name, kind (own: this rank's state; replica: the ring predecessor's
                shard), step, last_step, world, owner (the rank of that world whose shard it
                is), node, the model's fingerprint, the skeleton and data position (own),
-               one spec per tensor, and each part's offset, size and CRC-32
+               one spec per tensor, and each part's offset, size and CRC-32 of each 64 MiB
     8 bytes    the trailer's length, little-endian
     16 bytes   MAGIC
 
@@ -31,12 +31,13 @@ import threading
 import time
 import zlib
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .state import ALIGN, Json, Spec, as_buffer, layout
+from .state import ALIGN, Json, Spec, layout
 
 MAGIC = b"elastic-snapshot"  # 16 bytes, the file's last
 FORMAT = 1
@@ -48,11 +49,18 @@ OWN, REPLICA = "own", "replica"
 _PAD = bytes(ALIGN)
 
 
+CRC_CHUNK = 64 << 20  # bytes per CRC-32
+
+
 @dataclass(frozen=True)
 class Part:
     offset: int
     size: int
-    crc: int
+    crcs: tuple[int, ...]  # the CRC-32 of each CRC_CHUNK bytes of the part
+
+    def digest(self) -> int:
+        """One number for the part's content (its CRC-32s'), for ranks to compare."""
+        return zlib.crc32(repr(self.crcs).encode())
 
 
 @dataclass(frozen=True)
@@ -123,11 +131,27 @@ class Header:
 
 
 def _part_json(part: Part | None) -> Json:
-    return None if part is None else [part.offset, part.size, part.crc]
+    return None if part is None else [part.offset, part.size, list(part.crcs)]
 
 
 def _part(value: Json) -> Part | None:
-    return None if value is None else Part(int(value[0]), int(value[1]), int(value[2]))
+    if value is None:
+        return None
+    return Part(int(value[0]), int(value[1]), tuple(int(c) for c in value[2]))
+
+
+def crcs(data: mmap.mmap, offset: int, size: int) -> tuple[int, ...]:
+    """The CRC-32 of each CRC_CHUNK bytes of data[offset:offset + size], in threads."""
+    starts = range(offset, offset + size, CRC_CHUNK)
+    if not starts:
+        return ()
+
+    def crc(at: int) -> int:
+        with memoryview(data) as view, view[at : min(at + CRC_CHUNK, offset + size)] as chunk:
+            return zlib.crc32(chunk)
+
+    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1, len(starts)))) as pool:
+        return tuple(pool.map(crc, starts))
 
 
 def directory(root: Path, job: str, name: str) -> Path:
@@ -165,20 +189,25 @@ def write(
         )
     final = where / header.file_name()
     temp = where / f"{TEMP_PREFIX}{os.getpid()}-{threading.get_ident()}-{final.name}"
-    parts: dict[str, Part | None] = {"replicated": None, "shard": None}
+    spans: dict[str, tuple[int, int]] = {}
     try:
-        with open(temp, "xb") as out:
+        with open(temp, "xb+") as out:
             for key, pieces in (("replicated", replicated), ("shard", shard)):
                 if pieces is None:
                     continue
-                start, crc = out.tell(), 0
+                start = out.tell()
                 for piece in pieces:
                     out.write(piece)
-                    crc = zlib.crc32(piece, crc)
-                    pad = -piece.nbytes % ALIGN
-                    out.write(_PAD[:pad])
-                    crc = zlib.crc32(_PAD[:pad], crc)
-                parts[key] = Part(start, out.tell() - start, crc)
+                    out.write(_PAD[: -piece.nbytes % ALIGN])
+                spans[key] = (start, out.tell() - start)
+            out.flush()
+            parts: dict[str, Part | None] = {"replicated": None, "shard": None}
+            for key, (start, length) in spans.items():
+                parts[key] = Part(start, length, ())
+            if out.tell():  # an empty file cannot be mapped (and has nothing to check)
+                with mmap.mmap(out.fileno(), 0, access=mmap.ACCESS_READ) as written:
+                    for key, (start, length) in spans.items():
+                        parts[key] = Part(start, length, crcs(written, start, length))
             done = dataclasses.replace(
                 header,
                 replicated=parts["replicated"],
@@ -187,6 +216,7 @@ def write(
                 pid=os.getpid(),
             )
             trailer = json.dumps(done.to_json(), separators=(",", ":")).encode()
+            out.seek(0, os.SEEK_END)
             out.write(trailer)
             out.write(_LENGTH.pack(len(trailer)))
             out.write(MAGIC)
@@ -221,16 +251,15 @@ class Opened:
         return torch.frombuffer(self._map, dtype=torch.uint8, count=part.size, offset=part.offset)
 
     def verify(self, which: str) -> bool:
-        """True when the part's bytes have the CRC-32 its trailer gives."""
+        """True when the part's bytes have the CRC-32s its trailer gives."""
         part = getattr(self.header, which)
         if part is None:
             return False
-        data = self.part(which)
-        crc = 0
-        for start in range(0, part.size, 1 << 26):
-            chunk = data[start : start + (1 << 26)]
-            crc = zlib.crc32(as_buffer(chunk), crc)
-        return bool(crc == part.crc)
+        if part.size == 0:
+            return bool(part.crcs == ())
+        self.part(which)  # maps the file
+        assert self._map is not None
+        return bool(crcs(self._map, part.offset, part.size) == part.crcs)
 
 
 def read_header(path: Path) -> Header:
