@@ -126,6 +126,9 @@ def test_each_loss_resumes_at_the_step_before_it_from_a_peers_memory(tmp_path: P
     assert_cleaned_up(run)
 
 
+# CI's budget: the torchrun-level test covers the fallback (tests/snapshot/test_snapshot_elastic.py,
+# test_two_adjacent_nodes_lost_fall_back_to_the_checkpoint); this is its run through the chart.
+@pytest.mark.extended
 def test_two_adjacent_pods_lost_fall_back_to_the_checkpoint_and_say_so(tmp_path: Path) -> None:
     """pods 1 and 2 SIGKILLed together (with three pods in the ring, any two are
     neighbours): pod 1's shard and its only replica are gone, so pod 0 trains on alone
