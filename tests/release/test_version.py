@@ -90,6 +90,9 @@ PLACES: dict[str, Callable[[], str]] = {
     "packages/elastic-job-cli/pyproject.toml [project] version": lambda: _pyproject(
         "packages/elastic-job-cli/pyproject.toml"
     ),
+    "packages/elastic-snapshot/pyproject.toml [project] version": lambda: _pyproject(
+        "packages/elastic-snapshot/pyproject.toml"
+    ),
     "images/init-topology/src/init_topology/__init__.py __version__": lambda: _dunder_version(
         "images/init-topology/src/init_topology/__init__.py"
     ),
