@@ -140,6 +140,8 @@ def digest_at(agents: list[Agent], step: int, world: int) -> float:
     return sum(found.values())
 
 
+# CI runs the same through the chart: test_e2e_scenarios' SIGKILL of train.py (from memory).
+@pytest.mark.extended
 def test_ddp_a_sigkilled_node_costs_no_step(launch: Launch) -> None:
     """DDP: the survivors' collective fails, each saves the state of its last step to its
     node's memory, and the new round loads the newest one, broadcast from one holder."""
@@ -159,6 +161,8 @@ def test_ddp_a_sigkilled_node_costs_no_step(launch: Launch) -> None:
         assert "[snap] done step=40" in agent.text()
 
 
+# CI runs the same through the chart: test_e2e_snapshots (SIGKILL, FSDP2 from a peer).
+@pytest.mark.extended
 def test_fsdp2_a_sigkilled_nodes_shard_comes_from_its_successor_resharded(launch: Launch) -> None:
     """FSDP2 over three nodes: the dead node's shard is in the next node's memory (the ring
     replica); the two survivors load the step from the three old shards, resharded to two."""
@@ -199,6 +203,8 @@ def test_two_adjacent_nodes_lost_fall_back_to_the_checkpoint(launch: Launch) -> 
     assert said and "the shards of ranks 1 are held by nobody" in said[0], said
 
 
+# CI runs the same through the chart: test_e2e_snapshots (a spot reclaim, SIGTERM).
+@pytest.mark.extended
 def test_sigterm_to_a_node_costs_no_step(launch: Launch) -> None:
     """A reclaimed node (SIGTERM to its pod): torchrun passes it on, the signal thread saves
     while the main thread trains or waits, and the survivors resume at the step before."""
@@ -216,6 +222,8 @@ def test_sigterm_to_a_node_costs_no_step(launch: Launch) -> None:
     assert "saved step=" in leaver.text()
 
 
+# CI runs the same through the chart: test_e2e_snapshots (a cut link, the worker's detection).
+@pytest.mark.extended
 def test_a_silent_loss_saves_from_the_signal_thread_while_the_collective_blocks(
     launch: Launch,
 ) -> None:
