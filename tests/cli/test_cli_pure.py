@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from elastic_job_cli import jobstate, pricing, promtext, timeline
+from elastic_job_cli.kube import object_list, watch_event
 from elastic_worker.launch.attempt_line import AttemptLine as Attempt
 from elastic_worker.observe.metrics import Identity, JobMetrics, Tracker
 from prometheus_client import generate_latest
@@ -299,3 +300,26 @@ def test_pods_that_trained_and_wait_again_are_a_reform_not_the_gate() -> None:
     for m in waiting.values():
         m["elastic_job_rendezvous_round"] = 0
     assert derive([pod("run42-w-0"), pod("run42-w-1")], waiting).state == "gating"
+
+
+def test_a_list_body_is_read_into_the_shape_the_command_reads_and_nothing_else() -> None:
+    pod = {"metadata": {"name": "run42-w-0"}}
+    assert object_list({"metadata": {"resourceVersion": "7"}, "items": [pod]}) == {
+        "metadata": {"resourceVersion": "7"},
+        "items": [pod],
+    }
+    assert object_list({"items": []}) == {"metadata": {}, "items": []}
+    assert object_list({"items": None}) == {"metadata": {}, "items": []}  # Go's empty slice
+    # What a server that is not Kubernetes (or a proxy's error page) answers: not a list.
+    for body in ({"kind": "Status"}, {"items": ["x"]}, {"items": {}}, [pod], "nope"):
+        assert object_list(body) is None, body
+    # The client's Watch: `raw_object` is the object as served, `object` its own model.
+    assert watch_event({"type": "ADDED", "object": object(), "raw_object": pod}) == {
+        "type": "ADDED",
+        "object": pod,
+    }
+    assert watch_event({"type": "ERROR", "object": {"kind": "Status"}}) == {
+        "type": "ERROR",
+        "object": {"kind": "Status"},
+    }
+    assert watch_event({"object": pod}) is None

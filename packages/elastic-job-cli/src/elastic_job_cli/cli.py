@@ -23,15 +23,17 @@ import threading
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from elastic_job_cli import joblist, jobstate, logs, output, pricing, timeline
 from elastic_job_cli import objects as o
-from elastic_job_cli.kube import EXIT_USAGE, CommandError, Kube, connect
+from elastic_job_cli.kube import EXIT_USAGE, CommandError, Kube, WatchEvent, connect
 from elastic_job_cli.options import DEFAULT_REQUEST_TIMEOUT, Access, DurationError
 from elastic_job_cli.options import request_timeout as parse_timeout
 
-Obj = dict[str, Any]
+if TYPE_CHECKING:
+    from elastic_job_cli.kube import RawCall
+
 PACKAGE = "elastic-job-cli"
 
 
@@ -56,7 +58,7 @@ def _timeout(text: str) -> float | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _common(p: argparse.ArgumentParser, default: Any) -> None:
+def _common(p: argparse.ArgumentParser, default: str | None) -> None:
     p.add_argument("-n", "--namespace", default=default, help="namespace (default: the context's)")
     p.add_argument("--context", default=default, help="kubeconfig context")
     p.add_argument(
@@ -192,7 +194,7 @@ def gather_status(kube: Kube, release: str) -> jobstate.JobView:
     return view
 
 
-def _dash(value: Any) -> str:
+def _dash(value: object) -> str:
     return "-" if value in (None, "") else str(value)
 
 
@@ -251,9 +253,9 @@ def run_events(kube: Kube, release: str, *, watch: bool, fmt: str, out: TextIO) 
     if not watch:
         return 0
     seen = set(entries)
-    changes: queue.Queue[tuple[str, Obj] | CommandError] = queue.Queue()
+    changes: queue.Queue[tuple[str, WatchEvent] | CommandError] = queue.Queue()
     selector = {"label_selector": o.worker_selector(release)}
-    watches: list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]] = [
+    watches: list[tuple[str, RawCall, tuple[str, ...], dict[str, str]]] = [
         ("pods", kube.core.list_namespaced_pod, (kube.namespace,), selector),
         ("events", kube.core.list_namespaced_event, (kube.namespace,), {}),
     ]
@@ -288,11 +290,11 @@ def run_events(kube: Kube, release: str, *, watch: bool, fmt: str, out: TextIO) 
 def _watch_into(
     kube: Kube,
     resource: str,
-    fn: Any,
-    args: tuple[Any, ...],
+    fn: RawCall,
+    args: tuple[str, ...],
     *,
-    params: dict[str, Any],
-    changes: queue.Queue[tuple[str, Obj] | CommandError],
+    params: dict[str, str],
+    changes: queue.Queue[tuple[str, WatchEvent] | CommandError],
 ) -> None:
     """List, then watch from the list's version. The client's Watch starts a new watch
     from the last version seen whenever the server ends one (its timeout): the
@@ -302,8 +304,7 @@ def _watch_into(
         listed = kube.json("list", resource, fn, *args, **kwargs)
         version = listed["metadata"].get("resourceVersion", "")
         for change in kube.stream(resource, fn, *args, resource_version=version, **kwargs):
-            raw = change.get("raw_object") or change["object"]
-            changes.put((resource, {"type": change["type"], "object": raw}))
+            changes.put((resource, change))
     except CommandError as exc:
         changes.put(exc)
 

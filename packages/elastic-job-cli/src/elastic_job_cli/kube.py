@@ -5,7 +5,9 @@ request, and every failure turned into one line that says what to do.
 
 Objects are read as plain JSON dicts (`_preload_content=False`), the shapes the API serves,
 so the pure modules (jobstate, timeline, pricing, joblist) take exactly what a cluster
-returns.
+returns. The client is untyped: what it answers is checked here, once, into the shapes the
+command reads (ObjectList, WatchEvent); a body of another shape is one error, not a
+KeyError later.
 
 Timeouts: every request gets (connect, read) = (t, t) through the client's documented
 `_request_timeout` (a float alone is ignored by clients before 36, so the tuple is the
@@ -20,11 +22,11 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 import urllib3
 from kubernetes import client, config, watch  # type: ignore[import-untyped]
@@ -33,7 +35,7 @@ from kubernetes.config.config_exception import ConfigException  # type: ignore[i
 
 from elastic_job_cli import kubeconfig, promtext
 from elastic_job_cli import objects as o
-from elastic_job_cli.objects import Release
+from elastic_job_cli.objects import Obj, Release
 from elastic_job_cli.options import Access, seconds_text
 
 if TYPE_CHECKING:
@@ -42,7 +44,11 @@ if TYPE_CHECKING:
     from urllib3.connectionpool import ConnectionPool
     from urllib3.response import BaseHTTPResponse
 
-Obj = dict[str, Any]
+    #: A client method called with `_preload_content=False`: it answers the urllib3
+    #: response, unread (the client's own typing says nothing; this is what it returns).
+    RawCall = Callable[..., BaseHTTPResponse]
+
+_T = TypeVar("_T")
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -57,6 +63,25 @@ METRICS_TIMEOUT = 5.0
 #: Pods whose metrics are read at once (`list` reads every pod of every job); below the
 #: client's connection pool (5 per CPU) so that no connection is thrown away.
 METRICS_PARALLEL = 8
+
+
+class ListMeta(TypedDict, total=False):
+    resourceVersion: str
+
+
+class ObjectList(TypedDict):
+    """A list the API server serves (StatefulSetList, PodList, EventList, NodeList): what
+    the command reads of it."""
+
+    metadata: ListMeta
+    items: list[Obj]
+
+
+class WatchEvent(TypedDict):
+    """One change of a watch: ADDED, MODIFIED, DELETED (or ERROR) and the object as served."""
+
+    type: str
+    object: Obj
 
 
 class CommandError(Exception):
@@ -94,7 +119,7 @@ class _Retry(urllib3.Retry):
         return super().increment(method, url, response, error, _pool, _stacktrace)
 
 
-def body_text(resp: Any) -> str:
+def body_text(resp: BaseHTTPResponse) -> str:
     """A raw response's body as text: the client's own decoding differs by version (36
     returns the text "b'...'" for pods/log and pods/proxy), and a log may hold bytes that
     are not UTF-8, which are replaced as a terminal shows them."""
@@ -102,7 +127,7 @@ def body_text(resp: Any) -> str:
     return body.decode("utf-8", errors="replace")
 
 
-def _no_read_timeout(resp: Any) -> Any:
+def _no_read_timeout(resp: BaseHTTPResponse) -> BaseHTTPResponse:
     """A stream's response once its headers came: its reads wait as long as the stream
     lasts (the socket's timeout was the read timeout, t)."""
     sock = getattr(getattr(resp, "connection", None), "sock", None)
@@ -111,10 +136,59 @@ def _no_read_timeout(resp: Any) -> Any:
     return resp
 
 
+def _mapping(data: object) -> Mapping[str, object] | None:
+    if isinstance(data, Mapping) and all(isinstance(k, str) for k in data):
+        return data
+    return None
+
+
+def _objects(data: object) -> list[Obj] | None:
+    """`data` as a list of objects (JSON objects), or None. `null` is none: Go encodes an
+    empty slice so."""
+    if data is None:
+        return []
+    if not isinstance(data, list):
+        return None
+    items: list[Obj] = []
+    for item in data:
+        if not isinstance(item, dict):
+            return None
+        items.append(item)
+    return items
+
+
+def object_list(data: object) -> ObjectList | None:
+    """A decoded list body as the command reads it, or None when it is not one (no `items`
+    list of objects)."""
+    body = _mapping(data)
+    items = None if body is None or "items" not in body else _objects(body["items"])
+    if body is None or items is None:
+        return None
+    meta = _mapping(body.get("metadata")) or {}
+    version = meta.get("resourceVersion")
+    return {
+        "metadata": {"resourceVersion": version} if isinstance(version, str) else {},
+        "items": items,
+    }
+
+
+def watch_event(data: object) -> WatchEvent | None:
+    """A change the client's Watch yields (a dict; `raw_object` the object as served,
+    where the client also made its own model of it), or None when it is not one."""
+    change = _mapping(data)
+    if change is None:
+        return None
+    kind = change.get("type")
+    obj = change.get("raw_object") or change.get("object")
+    if not isinstance(kind, str) or not isinstance(obj, dict):
+        return None
+    return {"type": kind, "object": obj}
+
+
 class Kube:
     def __init__(
         self,
-        api: Any,
+        api: client.ApiClient,
         namespace: str,
         server: str,
         *,
@@ -143,8 +217,8 @@ class Kube:
     # -- errors ------------------------------------------------------------------------------
 
     def call(
-        self, verb: str, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> Any:
+        self, verb: str, resource: str, fn: Callable[..., _T], *args: object, **kwargs: object
+    ) -> _T:
         """`fn(*args, **kwargs)` within the request timeout; a refusal becomes a
         CommandError naming the RBAC verb, a timeout or a lost server one line (exit 5)."""
         kwargs.setdefault("_request_timeout", self.request_timeout)
@@ -190,19 +264,26 @@ class Kube:
         return CommandError(f"{verb} {resource}: HTTP {exc.status}: {message}")
 
     def json(
-        self, verb: str, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> Obj:
+        self, verb: str, resource: str, fn: RawCall, *args: object, **kwargs: object
+    ) -> ObjectList:
+        """A list request (`fn`, a client list method): its body as the command reads it."""
         resp = self.call(verb, resource, fn, *args, _preload_content=False, **kwargs)
         try:
             body = resp.data  # the body is read here, within the same timeout
         except urllib3.exceptions.HTTPError as exc:
             raise self.unreachable(exc) from None
-        data: Obj = json.loads(body)
-        return data
+        try:
+            found = object_list(json.loads(body))
+        except ValueError:
+            found = None
+        if found is None:
+            raise CommandError(
+                f"{verb} {resource}: the API server at {self.server} answered "
+                f"{body[:80]!r}, not a list of {resource}; is --context a Kubernetes cluster?"
+            )
+        return found
 
-    def text(
-        self, verb: str, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> str:
+    def text(self, verb: str, resource: str, fn: RawCall, *args: object, **kwargs: object) -> str:
         """A body that is text (pods/log), read raw (body_text)."""
         resp = self.call(verb, resource, fn, *args, _preload_content=False, **kwargs)
         try:
@@ -210,7 +291,7 @@ class Kube:
         except urllib3.exceptions.HTTPError as exc:
             raise self.unreachable(exc) from None
 
-    def open_stream(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def open_stream(self, fn: RawCall, *args: object, **kwargs: object) -> BaseHTTPResponse:
         """`fn` for a stream (`follow=True`): the urllib3 response once the server
         answered within the timeout, its reads then unbounded."""
         resp = fn(*args, _preload_content=False, _request_timeout=self.request_timeout, **kwargs)
@@ -255,10 +336,7 @@ class Kube:
         return {o.name(n): n for n in items}, ""
 
     def events(self) -> list[Obj]:
-        items: list[Obj] = self.json(
-            "list", "events", self.core.list_namespaced_event, self.namespace
-        )["items"]
-        return items
+        return self.json("list", "events", self.core.list_namespaced_event, self.namespace)["items"]
 
     # -- every release (list) ----------------------------------------------------------------
 
@@ -294,7 +372,7 @@ class Kube:
             text = body_text(
                 self.core.connect_get_namespaced_pod_proxy_with_path(
                     f"{o.name(pod)}:{o.METRICS_PORT}",
-                    pod["metadata"].get("namespace") or self.namespace,
+                    o.namespace(pod) or self.namespace,
                     "metrics",
                     _request_timeout=self.metrics_timeout,
                     _preload_content=False,
@@ -317,23 +395,31 @@ class Kube:
         return {p["metadata"]["uid"]: m for p, m in zip(pods, found, strict=True)}
 
     def stream(
-        self, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> Iterator[Obj]:
-        """Watch changes as raw dicts: {"type": ..., "object": {...}}."""
+        self, resource: str, fn: RawCall, *args: object, **kwargs: object
+    ) -> Iterator[WatchEvent]:
+        """Watch changes, each object as the server sent it."""
 
         @functools.wraps(fn)  # the client's Watch reads fn's docstring
-        def opened(*a: Any, **kw: Any) -> Any:
+        def opened(*a: object, **kw: object) -> BaseHTTPResponse:
             return _no_read_timeout(fn(*a, **kw))
 
         w = watch.Watch()
         try:
-            yield from w.stream(
+            for raw in w.stream(
                 opened,
                 *args,
                 _preload_content=False,
                 _request_timeout=self.request_timeout,
                 **kwargs,
-            )
+            ):
+                change = watch_event(raw)
+                if change is None:
+                    raise CommandError(
+                        f"watching {resource} stopped: the API server sent {raw!r:.80}, "
+                        "not a change",
+                        EXIT_UNREACHABLE,
+                    )
+                yield change
         except ApiException as exc:
             raise self.error(exc, "watch", resource) from None
         except urllib3.exceptions.HTTPError as exc:
@@ -387,7 +473,9 @@ def connect(access: Access) -> Kube:
     )
 
 
-def _load_kubeconfig(found: kubeconfig.Kubeconfig, context: str | None, cfg: Any) -> str:
+def _load_kubeconfig(
+    found: kubeconfig.Kubeconfig, context: str | None, cfg: client.Configuration
+) -> str:
     """Load `found` into `cfg` for `context` (else its current context); that context's
     namespace."""
     name = context or found.config.get("current-context")

@@ -17,13 +17,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from elastic_job_cli import jobstate
 from elastic_job_cli import objects as o
 from elastic_job_cli.kube import CommandError, Kube, body_text
+from elastic_job_cli.objects import Obj
 
-Obj = dict[str, Any]
+if TYPE_CHECKING:
+    from urllib3.response import BaseHTTPResponse
+
 POLL = 1.0  # seconds between looks at the job while following
 
 _ATTEMPT = re.compile(
@@ -92,13 +95,13 @@ def find_rank0(kube: Kube, pods: list[Obj]) -> Rank0 | None:
 class Follower:
     """Streams one container's log (`follow=true`) into a queue or a file, from a thread."""
 
-    def __init__(self, kube: Kube, pod: str, sink: Callable[[str], None], **params: Any) -> None:
+    def __init__(self, kube: Kube, pod: str, sink: Callable[[str], None], **params: object) -> None:
         self.kube = kube
         self.pod = pod
         self.sink = sink
         self.params = params
         self.done = threading.Event()
-        self._resp: Any = None
+        self._resp: BaseHTTPResponse | None = None
         self._thread = threading.Thread(target=self._run, name=f"log-{pod}", daemon=True)
         self._thread.start()
 
@@ -236,7 +239,7 @@ def show(
             f"pod {pod!r} is not a worker of {release} (its pods: {', '.join(names) or 'none'})",
             2,
         )
-    params: dict[str, Any] = {"container": o.WORKER_CONTAINER, "previous": previous}
+    params: dict[str, object] = {"container": o.WORKER_CONTAINER, "previous": previous}
     if tail >= 0:
         params["tail_lines"] = tail
     if not follow or previous:
