@@ -29,6 +29,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def build(image: str, base_flag: str, base: str) -> str:
+    """scripts/build-images for one image; the tests take it from the fixtures below, which
+    build each image once per session (a second build of the same sources is podman's
+    layer cache, still ~10 s of context and steps on this machine)."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "build-images"), "--engine", "podman",
          "--only", image, base_flag, base, "--tag", TAG],
@@ -36,6 +39,16 @@ def build(image: str, base_flag: str, base: str) -> str:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return f"ghcr.io/elastic-job/{image}:{TAG}"
+
+
+@pytest.fixture(scope="session")
+def init_image() -> str:
+    return build("init-topology", "--init-base", INIT_BASE)
+
+
+@pytest.fixture(scope="session")
+def worker_image() -> str:
+    return build("worker", "--worker-base", WORKER_BASE)
 
 
 def run(
@@ -68,8 +81,10 @@ def labels(image: str) -> dict[str, str]:
     return dict(json.loads(out)[0]["Labels"] or {})
 
 
-def test_init_topology_writes_the_nodes_topology_from_the_api(tmp_path: Path) -> None:
-    image = build("init-topology", "--init-base", INIT_BASE)
+def test_init_topology_writes_the_nodes_topology_from_the_api(
+    init_image: str, tmp_path: Path
+) -> None:
+    image = init_image
     assert (
         labels(image)["org.opencontainers.image.version"] == (ROOT / "VERSION").read_text().strip()
     )
@@ -94,8 +109,10 @@ def test_init_topology_writes_the_nodes_topology_from_the_api(tmp_path: Path) ->
     assert "NODE_GPU_MODEL='" in env and "NODE_TOPOLOGY_SOURCE='api'" in env, env
 
 
-def test_the_worker_image_trains_a_one_node_job_and_has_the_v3_backend(tmp_path: Path) -> None:
-    image = build("worker", "--worker-base", WORKER_BASE)
+def test_the_worker_image_trains_a_one_node_job_and_has_the_v3_backend(
+    worker_image: str, tmp_path: Path
+) -> None:
+    image = worker_image
     etcd = start_etcd(tmp_path / "etcd")
     try:
         done = run(
@@ -128,13 +145,15 @@ def test_the_worker_image_trains_a_one_node_job_and_has_the_v3_backend(tmp_path:
     assert "etcd-v3" in handlers.stdout, handlers.stdout
 
 
-def test_the_injected_worker_trains_in_an_image_we_did_not_build(tmp_path: Path) -> None:
+def test_the_injected_worker_trains_in_an_image_we_did_not_build(
+    init_image: str, tmp_path: Path
+) -> None:
     """worker.entrypoint=injected, as the chart runs it: init-topology's image copies the
     bundle into an emptyDir (inject-worker, uid 65532, the pod's fsGroup), then a plain
     Python + torch image (the worker's stand-in base: nothing of ours in it) runs
     `/bin/sh /opt/elastic-worker/bin/elastic-worker python .../train.py` as another uid in
     that group, against a real etcd; and that image without torch's Python exits 5 in one line."""
-    init = build("init-topology", "--init-base", INIT_BASE)
+    init = init_image
     pod = tmp_path / "elastic-worker"
     pod.mkdir()
     os.chown(pod, 0, 65532)
