@@ -7,6 +7,7 @@ stand-in bases: scripts/test-images makes them; skipped otherwise, as tests/imag
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import usercache
 from release_helpers import local_registry
 from testlib import ROOT
 from workflow_runner import Skip, clean_copy, run_job
@@ -25,6 +27,8 @@ PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager=cgroupfs"]
 VERSION = (ROOT / "VERSION").read_text().strip()
 CHARTS_WORKFLOW = ROOT / "ci" / "workflows" / "charts.yaml"
 RELEASE_WORKFLOW = ROOT / ".github" / "workflows" / "release.yaml"
+#: What the release's SBOM step pip-installs (syft), pinned by hash.
+RELEASE_TOOLS = ROOT / "requirements" / "release.txt"
 NOT_HERE = {
     "kind": Skip("no kind cluster can run here (no kube-apiserver binary installs)"),
     "ct": Skip("ct (chart-testing) is a Go binary with no package here"),
@@ -99,8 +103,26 @@ def setup_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv / "bin"
 
 
+@pytest.fixture(scope="session")
+def release_wheels() -> Path:
+    """requirements/release.txt's wheels (syft's holds its binary), downloaded once per pin
+    into the user's cache (tests/usercache.py): the job's own `pip install --require-hashes`
+    takes them from there, checking the same hashes, instead of from PyPI on every run."""
+    key = "release-" + hashlib.sha256(RELEASE_TOOLS.read_bytes()).hexdigest()[:12]
+
+    def download(work: Path) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+             "--require-hashes", "--no-deps", "--only-binary=:all:", "-d", str(work),
+             "-r", str(RELEASE_TOOLS)],
+            check=True, timeout=600,
+        )  # fmt: skip
+
+    return usercache.entry("wheels", key, download)
+
+
 def test_the_release_builds_from_digests_pushes_and_writes_sboms(
-    setup_python: Path, tmp_path: Path
+    setup_python: Path, release_wheels: Path, tmp_path: Path
 ) -> None:
 
     with local_registry(tmp_path / "registry") as registry:
@@ -126,7 +148,12 @@ def test_the_release_builds_from_digests_pushes_and_writes_sboms(
                 path=[runner_tools(tmp_path, setup_python), setup_python],
                 inputs={**bases, "registry": f"{registry.host}/elastic-job", "plain-http": "true"},
                 github={"ref_type": "tag", "ref_name": f"v{VERSION}"},
-                env={"CONTAINERS_REGISTRIES_CONF": str(conf)},
+                env={
+                    "CONTAINERS_REGISTRIES_CONF": str(conf),
+                    # The SBOM step's pip: the cached wheels, offline (release_wheels).
+                    "PIP_FIND_LINKS": str(release_wheels),
+                    "PIP_NO_INDEX": "1",
+                },
                 timeout=2400,
             )  # fmt: skip
         finally:
