@@ -8,13 +8,13 @@ fresh clone in CI reuses the one an earlier run made on the same machine."""
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import usercache
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIREMENTS = ROOT / "tests" / "e2e" / "user_image" / "requirements.txt"
@@ -28,43 +28,27 @@ URLLIB3 = next(
 )
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "elastic-job" / "user-images"
-
-
 def venv() -> Path:
-    """The image's venv, made when missing (one maker at a time; the others wait)."""
+    """The image's venv, made when missing (one maker at a time; the others wait); the
+    venvs of other requirements pruned (tests/usercache.py)."""
     key = hashlib.sha256(REQUIREMENTS.read_bytes() + sys.version.encode()).hexdigest()[:12]
-    root = cache_dir()
-    dest = root / f"trainer-{key}"
-    if (dest / ".complete").exists():
-        return dest
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (dest / ".complete").exists():
-            return dest
-        work = root / f".trainer-{key}.tmp"
-        shutil.rmtree(work, ignore_errors=True)
-        # The system's python3, as an image has its own: not the project's venv.
-        base = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
-        subprocess.run([base, "-m", "venv", str(work)], check=True)
-        subprocess.run(
-            [str(work / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
-             "-r", str(REQUIREMENTS)],
-            check=True,
-        )  # fmt: skip
-        shutil.rmtree(dest, ignore_errors=True)
-        # A venv's scripts name its path: made in place, not moved. So rename, then fix.
-        work.rename(dest)
-        _relocate(work, dest)
-        (dest / ".complete").write_text(REQUIREMENTS.read_text())
-    return dest
+    return usercache.entry("user-images", f"trainer-{key}", _make, moved=_relocate)
+
+
+def _make(work: Path) -> None:
+    # The system's python3, as an image has its own: not the project's venv.
+    base = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
+    subprocess.run([base, "-m", "venv", str(work)], check=True)
+    subprocess.run(
+        [str(work / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
+         "-r", str(REQUIREMENTS)],
+        check=True,
+    )  # fmt: skip
 
 
 def _relocate(old: Path, new: Path) -> None:
-    """The venv's own files that name its directory (pyvenv.cfg, bin/ scripts) name the new one."""
+    """The venv's own files that name its directory (pyvenv.cfg, bin/ scripts) name the new
+    one: a venv is made in place, not moved."""
     for path in [new / "pyvenv.cfg", *(new / "bin").iterdir()]:
         if path.is_symlink() or not path.is_file():
             continue
