@@ -77,6 +77,8 @@ def test_the_charts_workflow_builds_both_images_with_their_contexts(tmp_path: Pa
             "Load the images into kind": NOT_HERE["kind"],
             "Install Volcano v1.15.1 (for ci/gang-values.yaml; manifest sha256-verified)":
                 NOT_HERE["kind"],
+            "Install the prometheus-operator CRDs (for ci/monitoring-values.yaml; "
+            "sha256-verified)": NOT_HERE["kind"],
             "ct install (install, helm test, upgrade)": NOT_HERE["kind"],
         },
         path=[runner_tools(tmp_path)],
