@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 from elastic_worker.settings import config
+from elastic_worker.settings.definitions import BY_NAME
 from elastic_worker.warm import server as warm
 from elastic_worker.warm.protocol import warm_command
-from testlib import EtcdServer, start_etcd
+from testlib import EtcdServer, free_port, start_etcd
 
 from worker.launch.test_attempt_line import attempt_lines, cfg, records, torchrun
-from worker.worker_helpers import PYTHON, descendants, wait_until
+from worker.worker_helpers import PYTHON, descendants, kill_tree, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -251,3 +252,120 @@ def test_under_torchrun_a_warm_attempt_sees_what_a_cold_one_does(
             if rec["env"].get(k) != cold[key]["env"].get(k)
         }
         assert differs <= run_specific, differs
+
+
+# -- the end of a script: as under `python -u` ------------------------------------------
+
+#: What a pod's server imports (settings.py's default): torch.distributed.checkpoint and
+#: .fsdp import torch.distributed.nn.functional, whose import-time defaults decide when
+#: a script's default process group is freed (warm._keep_for_exit).
+POD_PRELOAD = (BY_NAME["ELASTIC_WARM_PRELOAD"].default or "").split(",")
+
+#: DDP over gloo, two ranks; the last collective (a metric's all_reduce, which rank 0
+#: starts with async_op=True and does not wait for) is still running when rank 0's main()
+#: returns: rank 1 joins it 2 s later. Both destroy the process group and return.
+IN_FLIGHT_AT_RETURN = """\
+import time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def main():
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad(); model(torch.rand(2, 4)).sum().backward(); opt.step()
+    metric = torch.ones(1)
+    if dist.get_rank() == 0:
+        dist.all_reduce(metric, async_op=True)
+    else:
+        time.sleep(2)
+        dist.all_reduce(metric)
+    dist.destroy_process_group()
+    print("returned", flush=True)
+
+main()
+"""
+
+
+@pytest.fixture(scope="module")
+def pod_server() -> Iterator[warm.Handle]:
+    handle = warm.start(str(PYTHON), POD_PRELOAD, dict(os.environ))
+    yield handle
+    handle.stop()
+
+
+def _ranks(argv: list[str], tmp_path: Path, world: int = 2) -> list[tuple[int | None, str]]:
+    """`argv` as every rank of a `world`-process gloo job on 127.0.0.1: each rank's exit code
+    (None: still running after 90 s, then killed) and output."""
+    job = {"LOCAL_RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1"}
+    job["MASTER_PORT"] = str(free_port())
+    procs = [
+        subprocess.Popen(
+            argv,
+            env={**os.environ, **job, "RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=tmp_path,
+        )
+        for rank in range(world)
+    ]
+    results: list[tuple[int | None, str]] = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=90)
+            results.append((proc.returncode, out))
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)  # a warm client: the server kills its child with it
+            out, _ = proc.communicate(timeout=30)
+            results.append((None, out))
+    return results
+
+
+def test_a_ddp_script_with_a_collective_running_at_its_end_ends_as_under_python_u(
+    pod_server: warm.Handle, tmp_path: Path
+) -> None:
+    """The issue's hang, made certain: with the pod's preload, the default group's last
+    owner was DDP's Reducer, freed (GIL held) when main() returned; ~ProcessGroupGloo
+    joined a worker thread that waited for the GIL to free the collective's tensor. Under
+    `python -u` the group lives until the interpreter finalizes. Both ranks, both ways,
+    must end 0 (before warm._keep_for_exit, the warm ranks never ended)."""
+    script = tmp_path / "train.py"
+    script.write_text(IN_FLIGHT_AT_RETURN)
+    cold = _ranks([str(PYTHON), "-u", str(script)], tmp_path)
+    hot = _ranks(client(pod_server, str(script)), tmp_path)
+    for how, results in (("python -u", cold), ("warm", hot)):
+        for rank, (code, out) in enumerate(results):
+            assert code == 0, f"{how}: rank {rank} exit {code} (None: hung)\n{out[-3000:]}"
+            assert "returned" in out, (how, rank, out[-3000:])
+
+
+#: Whether the script's globals are still there when atexit runs (after a collection).
+GLOBALS_AT_EXIT = """\
+import atexit, weakref
+class Thing:
+    pass
+thing = Thing()
+# The handler's globals are its own dict: it holds no reference to this module's.
+atexit.register(eval("lambda ref: (__import__('gc').collect(), "
+                     "print('alive' if ref() is not None else 'freed', flush=True))", {}),
+                weakref.ref(thing))
+"""
+
+
+@pytest.mark.parametrize("end", ["", "raise SystemExit(3)\n", "raise ValueError('x')\n"])
+def test_a_scripts_globals_live_until_the_interpreter_exits_as_under_python_u(
+    server: warm.Handle, tmp_path: Path, end: str
+) -> None:
+    """python -u's __main__ is freed only when the interpreter finalizes (after atexit);
+    runpy's copy of the script's module in a warm child went at the next collection, so
+    whatever the globals held (a model, a process group, a store) was freed earlier and
+    elsewhere than under python -u."""
+    script = tmp_path / "script.py"
+    script.write_text(GLOBALS_AT_EXIT + end)
+    cold = subprocess.run(  # noqa: PLW1510 - asserted
+        [str(PYTHON), "-u", str(script)], capture_output=True, text=True, timeout=60
+    )
+    hot = run(server, tmp_path, GLOBALS_AT_EXIT + end)
+    assert (hot.returncode, hot.stdout) == (cold.returncode, cold.stdout), hot.stderr
+    assert cold.stdout == "alive\n"

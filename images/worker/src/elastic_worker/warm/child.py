@@ -1,10 +1,13 @@
 """A warm server's child becoming the user's program, as `python -u PROGRAM` would run it:
 its argv, environment and working directory installed, the import-time state a fresh
 interpreter would read from that environment redone, the script run as `__main__`, and
-its end reported as the interpreter would (exit code, traceback, signal)."""
+its end reported as the interpreter would (exit code, traceback, signal). The end is
+`python -u`'s too: what the script leaves (its globals, its default process group) is
+freed when the interpreter finalizes, not before (_keep_for_exit says why)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import runpy
 import signal
@@ -12,6 +15,7 @@ import sys
 import traceback
 from collections.abc import Mapping, Sequence
 from types import TracebackType
+from typing import Any
 
 from elastic_worker import bundle
 
@@ -33,13 +37,14 @@ def run_program(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
             sys.argv = [args[1], *args[2:]]
             sys.path[0] = cwd
             _libraries(args)
-            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+            _LEFT_FOR_EXIT.append(runpy.run_module(args[1], run_name="__main__", alter_sys=True))
         else:
             sys.argv = list(args)
             sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
             _libraries(args)
-            runpy.run_path(args[0], run_name="__main__")
+            _LEFT_FOR_EXIT.append(runpy.run_path(args[0], run_name="__main__"))
     except SystemExit as exc:
+        _keep_globals(exc.__traceback__)
         return _exit_code(exc.code)
     except KeyboardInterrupt:
         traceback.print_exc()
@@ -49,9 +54,60 @@ def run_program(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
         return 130
     except BaseException as exc:  # noqa: BLE001 - reported as the interpreter would
         trimmed = _user_frames(exc.__traceback__)
+        _keep_globals(trimmed)
         sys.excepthook(type(exc), exc.with_traceback(trimmed), trimmed)
         return 1
     return 0
+
+
+#: The script's globals, kept for the interpreter's exit: under `python -u` the `__main__`
+#: module lives until the interpreter finalizes, where runpy's copy of it would be freed
+#: at the next garbage collection. The list (and _KEPT_GROUP) go when the interpreter
+#: clears this module.
+_LEFT_FOR_EXIT: list[object] = []
+#: The default process group _keep_for_exit keeps (python -u's defaults hold only one).
+_KEPT_GROUP: list[object] = []
+
+
+def _keep_globals(tb: TracebackType | None) -> None:
+    """The globals of the script's top frame in `tb` (it ended by an exception), kept."""
+    frames = _user_frames(tb)
+    if frames is not None:
+        _LEFT_FOR_EXIT.append(frames.tb_frame.f_globals)
+
+
+def _keep_for_exit() -> None:
+    """Keep the first default process group the script destroys until the interpreter
+    finalizes, as a fresh interpreter does, so that it is freed there and not when the
+    script's last reference to it goes.
+
+    Under `python -u`, torch.distributed.nn.functional is first imported by DDP's
+    constructor (through torch.distributed._shard), after init_process_group, and its
+    functions' default `group=group.WORLD` holds the default group until the interpreter
+    finalizes: it is freed through its Python object, whose holder releases the GIL
+    while ~ProcessGroupGloo joins the group's worker threads. The server imports that
+    module before any group exists (torch.distributed.checkpoint and .fsdp, preloaded by
+    default, import it), so in a child the last owner was DDP's Reducer, a pybind11 object
+    freed with the GIL held: ~ProcessGroupGloo then ran when the script's main() returned
+    and waited forever for a worker thread that was waiting for the GIL, to free the
+    last tensor of a collective it had just finished (pytorch/pytorch#56297; gdb stacks in
+    docs/recovery.md, "The end of a job"). Only torch's public names are used:
+    torch.distributed.destroy_process_group and group.WORLD."""
+    dist: Any = sys.modules.get("torch.distributed")  # imported by the server, or not at all
+    if dist is None or not dist.is_available():
+        return
+    destroy = dist.destroy_process_group
+
+    @functools.wraps(destroy)
+    def destroy_process_group(group: Any = None) -> None:
+        world = dist.group.WORLD
+        if world is not None and not _KEPT_GROUP:
+            _KEPT_GROUP.append(world)
+        destroy(group)
+
+    # Both names a script reaches it by (`dist.destroy_process_group`, `from ... import`).
+    dist.destroy_process_group = destroy_process_group
+    dist.distributed_c10d.destroy_process_group = destroy_process_group
 
 
 def _libraries(args: Sequence[str]) -> None:
@@ -106,3 +162,4 @@ def _after_fork(env: Mapping[str, str]) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
+    _keep_for_exit()
