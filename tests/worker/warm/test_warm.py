@@ -3,11 +3,13 @@ that has imported torch behaves, for torchrun and for the program, as `python -u
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -369,3 +371,79 @@ def test_a_scripts_globals_live_until_the_interpreter_exits_as_under_python_u(
     hot = run(server, tmp_path, GLOBALS_AT_EXIT + end)
     assert (hot.returncode, hot.stdout) == (cold.returncode, cold.stdout), hot.stderr
     assert cold.stdout == "alive\n"
+
+
+# -- a teardown that blocks: stopped after the bound -------------------------------------
+
+
+#: What torchrun gives a training process (its documented worker environment, in part).
+WORKER = {**os.environ, "TORCHELASTIC_RUN_ID": "job", "RANK": "2", "LOCAL_RANK": "0"}
+
+
+@contextlib.contextmanager
+def bounded() -> Iterator[warm.Handle]:
+    """A server whose children get 2 s after their script returned. Started in the test's
+    body: its lines then go to the capture the test reads (capfd), not the setup's."""
+    handle = warm.start(str(PYTHON), [], dict(os.environ), teardown=2)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+@pytest.mark.parametrize(
+    ("end", "code"),
+    [
+        # A non-daemon thread: the interpreter waits for it before anything else.
+        ("threading.Thread(target=time.sleep, args=(3600,)).start()\n", 0),
+        # A native call that keeps the GIL, in an atexit handler (as a destructor would).
+        ("atexit.register(ctypes.PyDLL(None).sleep, 3600)\nsys.exit(4)\n", 4),
+    ],
+    ids=["thread", "gil-held-at-exit"],
+)
+def test_a_process_whose_teardown_blocks_is_stopped_and_ends_as_its_script_did(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], end: str, code: int
+) -> None:
+    """Under `python -u` both hang for an hour; warm, the process is stopped 2 s after its
+    script returned, its client exits with the script's code, and the server says so."""
+    with bounded() as handle:
+        start = time.monotonic()
+        result = run(
+            handle, tmp_path, "import atexit, ctypes, sys, threading, time\n" + end, env=WORKER
+        )
+        took = time.monotonic() - start
+    assert result.returncode == code, result.stderr
+    assert 2 <= took < 30, took
+    err = capfd.readouterr().err
+    line = next((ln for ln in err.splitlines() if "still running" in ln), err)
+    assert re.fullmatch(
+        rf"elastic-worker: training process \d+ \(rank 2, local rank 0\) still running "
+        rf"\d+ s after its script returned {code} \(its teardown blocks: .*\): stopped it; "
+        rf"it counts as exited {code} \(job.exitBarrierTimeoutSeconds\)",
+        line,
+    ), line
+
+
+def test_the_teardown_bound_counts_from_the_scripts_return_not_its_start(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A script that works longer than the bound is not stopped: only its teardown is."""
+    with bounded() as handle:
+        result = run(handle, tmp_path, "import time; time.sleep(3); print('done')", env=WORKER)
+    assert (result.returncode, result.stdout) == (0, "done\n"), result.stderr
+    assert "still running" not in capfd.readouterr().err
+
+
+def test_only_torchruns_workers_are_bounded(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The lifelines' helper is forked from the server too (no TORCHELASTIC_RUN_ID): its
+    teardown is not a training process's, and it is not stopped."""
+    script = "import threading, time; threading.Thread(target=time.sleep, args=(4,)).start()"
+    with bounded() as handle:
+        start = time.monotonic()
+        result = run(handle, tmp_path, script)
+        took = time.monotonic() - start
+    assert result.returncode == 0, result.stderr
+    assert took >= 4, took  # its thread ended by itself: nothing stopped it at 2 s
+    assert "still running" not in capfd.readouterr().err

@@ -13,11 +13,18 @@ directory and argv replace the server's, the script runs as `__main__` like
 signals groups), dies with the server (PR_SET_PDEATHSIG) and is SIGKILLed when its client
 goes. Requests and answers: protocol.py.
 
-Run: python -m elastic_worker.warm.server SOCKET [MODULE,...]
+A child tells the server when its script has returned (a pipe of its own); with a
+teardown bound, a training process (started by torchrun) still running that long
+afterwards (its teardown blocks: a destructor, an atexit handler, a thread left running)
+is stopped, said in one line, and ends for its client as its script did
+(job.exitBarrierTimeoutSeconds, halved: launch/supervisor.py).
+
+Run: python -m elastic_worker.warm.server SOCKET [MODULE,...] [--teardown=SECONDS]
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -50,12 +57,26 @@ def _fork_safe() -> str | None:
     return None
 
 
+@dataclass
+class _Child:
+    """What the server keeps of a child: its client, its pipe, how its script ended."""
+
+    conn: socket.socket
+    report: int  # the read end of the pipe the child writes "PID CODE" to at its script's end
+    who: str  # how its line names it: the rank torchrun gave it
+    bounded: bool  # a training process: its teardown is bounded
+    returned: tuple[int, float] | None = None  # (the script's code, when), once told
+    stopped: int | None = None  # the code it ends with, once stopped in its teardown
+
+
 class WarmServer:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, teardown: float | None = None) -> None:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen(64)
-        self.children: dict[int, socket.socket] = {}
+        #: Seconds a child may run after its script returned; None: as long as it likes.
+        self.teardown = teardown
+        self.children: dict[int, _Child] = {}
         self.clients: dict[socket.socket, int] = {}
         self.wakeup_r, self.wakeup_w = os.pipe()
         os.set_blocking(self.wakeup_w, False)
@@ -69,7 +90,9 @@ class WarmServer:
             except Exception as exc:  # noqa: BLE001 - an import's own error, whatever it is
                 # Not fatal: the default lists torch's distributed modules, which an older
                 # torch may lack; the training process imports what it needs itself.
-                logger.warning("cannot import %s (%s): left to the training processes", name, exc)
+                logger.warning(
+                    "warm server: cannot import %s (%s): left to the training processes", name, exc
+                )
             else:
                 done.append(name)
         logger.info("warm server ready: %s imported", ", ".join(done) or "nothing")
@@ -82,14 +105,54 @@ class WarmServer:
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
         self.selector.register(self.wakeup_r, selectors.EVENT_READ, "wakeup")
         while True:
-            for key, _ in self.selector.select():
+            for key, _ in self.selector.select(self._until_next_stop()):
                 if key.data == "accept":
                     self._accept()
                 elif key.data == "wakeup":
                     os.read(self.wakeup_r, 512)
                     self._reap()
-                else:
+                elif key.data == "client":
                     self._client_event(key.fileobj)  # type: ignore[arg-type]
+                else:
+                    self._returned(key.data, key.fd)
+            self._stop_teardowns()
+
+    def _returned(self, pid: int, fd: int) -> None:
+        """The child's pipe is readable: its script's end ("PID CODE"), or EOF (it died)."""
+        data = os.read(fd, 64)
+        self.selector.unregister(fd)
+        os.close(fd)
+        forked = self.children.get(pid)
+        if forked is None:
+            return
+        forked.report = -1
+        words = data.split()
+        # Only the child's own line: a process the script forked returns through here too.
+        ours = len(words) == 2 and words[0] == str(pid).encode()
+        if ours and forked.bounded and words[1].lstrip(b"-").isdigit():
+            forked.returned = (int(words[1]), time.monotonic())
+
+    def _until_next_stop(self) -> float | None:
+        """Seconds to the next child's teardown bound (None: no bound to watch)."""
+        if self.teardown is None:
+            return None
+        ends = [c.returned[1] for c in self.children.values() if c.returned and c.stopped is None]
+        return max(0.0, min(ends) + self.teardown - time.monotonic()) if ends else None
+
+    def _stop_teardowns(self) -> None:
+        """Stop each child still running `teardown` s after its script returned."""
+        if self.teardown is None:
+            return
+        now = time.monotonic()
+        for pid, forked in self.children.items():
+            if forked.returned is None or forked.stopped is not None:
+                continue
+            code, at = forked.returned
+            if now - at < self.teardown:
+                continue
+            forked.stopped = code
+            logger.warning("%s", teardown_stopped(pid, forked.who, now - at, code))
+            self._kill(pid)
 
     def _stop(self, signum: int, frame: object) -> None:
         for pid in self.children:
@@ -122,14 +185,21 @@ class WarmServer:
                 os.close(fd)
             conn.close()  # the client starts cold
             return
+        report_r, report_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            self._become_child(conn, request)  # never returns
+            os.close(report_r)
+            self._become_child(conn, request, report_w)  # never returns
+        os.close(report_w)
         for fd in request.fds:
             os.close(fd)
-        self.children[pid] = conn
+        # Only torchrun's workers (its documented TORCHELASTIC_RUN_ID) are training processes
+        # whose teardown is bounded: the lifelines' helper, forked here too, is not.
+        bounded = "TORCHELASTIC_RUN_ID" in request.env
+        self.children[pid] = _Child(conn, report_r, _who(request.env), bounded)
         self.clients[conn] = pid
         self.selector.register(conn, selectors.EVENT_READ, "client")
+        self.selector.register(report_r, selectors.EVENT_READ, pid)
         protocol.send(conn, pid=pid)
 
     def _client_event(self, conn: socket.socket) -> None:
@@ -152,15 +222,21 @@ class WarmServer:
                 return
             if pid == 0:
                 return
-            conn = self.children.pop(pid, None)
-            if conn is None:
+            forked = self.children.pop(pid, None)
+            if forked is None:
                 continue
+            if forked.report >= 0:
+                self.selector.unregister(forked.report)
+                os.close(forked.report)
+            if forked.stopped is not None:  # as its script ended, not by our SIGKILL
+                status = (forked.stopped & 0xFF) << 8
+            conn = forked.conn
             if self.clients.pop(conn, None) is not None:
                 self.selector.unregister(conn)
                 protocol.send(conn, status=status)
             conn.close()
 
-    def _become_child(self, conn: socket.socket, request: protocol.Request) -> None:
+    def _become_child(self, conn: socket.socket, request: protocol.Request, report: int) -> None:
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(signum, signal.SIG_DFL)
@@ -169,6 +245,9 @@ class WarmServer:
         self.listener.close()
         for other in self.clients:
             other.close()
+        for forked in self.children.values():
+            if forked.report >= 0:
+                os.close(forked.report)
         conn.close()
         os.close(self.wakeup_r)
         os.close(self.wakeup_w)
@@ -181,7 +260,24 @@ class WarmServer:
             os.dup2(fd, target)
             os.close(fd)
         code = child.run_program(request.argv, request.env, request.cwd)
+        # The script is done; what follows is the interpreter's teardown.
+        with contextlib.suppress(OSError):
+            os.write(report, f"{os.getpid()} {code}\n".encode())
         sys.exit(code)
+
+
+def teardown_stopped(pid: int, who: str, seconds: float, code: int) -> str:
+    """The line said when a child is stopped in its teardown (localrun parses it)."""
+    return (
+        f"training process {pid} ({who}) still running {seconds:.0f} s after its script "
+        f"returned {code} (its teardown blocks: a destructor, an atexit handler or a thread "
+        f"left running): stopped it; it counts as exited {code} (job.exitBarrierTimeoutSeconds)"
+    )
+
+
+def _who(env: Mapping[str, str]) -> str:
+    """A child as its line names it: the rank torchrun gave it."""
+    return f"rank {env.get('RANK', '?')}, local rank {env.get('LOCAL_RANK', '?')}"
 
 
 @dataclass
@@ -205,12 +301,22 @@ class Handle:
         self.directory.rmdir()
 
 
-def start(python: str, preload: Sequence[str], env: Mapping[str, str]) -> Handle:
-    """Start the server (it listens before it imports, so an early client only waits)."""
+def start(
+    python: str, preload: Sequence[str], env: Mapping[str, str], teardown: float | None = None
+) -> Handle:
+    """Start the server (it listens before it imports, so an early client only waits);
+    `teardown`: seconds a training process may run after its script returned (None: no
+    bound)."""
     directory = Path(tempfile.mkdtemp(prefix="elastic-warm-"))  # 0700: ours alone
     path = str(directory / "socket")
+    bound = [] if teardown is None else [f"--teardown={teardown:g}"]
     proc = subprocess.Popen(
-        [*bundle.module_argv(python, protocol.SERVER_MODULE, bundle.WARM), path, ",".join(preload)],
+        [
+            *bundle.module_argv(python, protocol.SERVER_MODULE, bundle.WARM),
+            path,
+            ",".join(preload),
+            *bound,
+        ],
         env=dict(env),
         stdin=subprocess.DEVNULL,
         start_new_session=True,
@@ -225,15 +331,21 @@ def start(python: str, preload: Sequence[str], env: Mapping[str, str]) -> Handle
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    teardown = None
+    if args and args[-1].startswith("--teardown="):
+        teardown = float(args.pop()[len("--teardown=") :])
     if not 1 <= len(args) <= 2:
-        sys.exit("usage: python -m elastic_worker.warm.server SOCKET [MODULE,...]")
-    logging.basicConfig(level=logging.INFO, format="elastic-worker warm: %(message)s")
+        sys.exit(
+            "usage: python -m elastic_worker.warm.server SOCKET [MODULE,...] [--teardown=SECONDS]"
+        )
+    # "elastic-worker:" as the entrypoint's own lines: the local run shows them.
+    logging.basicConfig(level=logging.INFO, format="elastic-worker: %(message)s")
     parent = os.getppid()
     # Go with the entrypoint, however it ends; its children (the clients) go with torchrun.
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:
         sys.exit(0)
-    server = WarmServer(args[0])
+    server = WarmServer(args[0], teardown)
     modules = [m for m in (args[1] if len(args) > 1 else "").split(",") if m]
     server.preload(modules)
     server.serve()
