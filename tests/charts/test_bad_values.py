@@ -194,6 +194,26 @@ CASES = [
         ("rendezvous.keepAliveInterval=0",),
     ),
     Bad("monitor-interval-zero", "rendezvous.monitorInterval", ("rendezvous.monitorInterval=0",)),
+    Bad(
+        "exit-barrier-timeout-zero",
+        "job.exitBarrierTimeoutSeconds",
+        ("job.exitBarrierTimeoutSeconds=0",),
+    ),
+    Bad(
+        "exit-barrier-timeout-negative",
+        "job.exitBarrierTimeoutSeconds",
+        values="job:\n  exitBarrierTimeoutSeconds: -5\n",
+    ),
+    Bad(
+        "exit-barrier-timeout-not-a-number",
+        "job.exitBarrierTimeoutSeconds",
+        values="job:\n  exitBarrierTimeoutSeconds: 1m\n",
+    ),
+    Bad(
+        "exit-barrier-timeout-null",
+        "job.exitBarrierTimeoutSeconds",
+        values="job:\n  exitBarrierTimeoutSeconds: null\n",
+    ),
     Bad("max-restarts-negative", "rendezvous.maxRestarts", ("rendezvous.maxRestarts=-1",)),
     Bad(
         "extra-conf-overrides-chart",

@@ -260,6 +260,16 @@ def test_warm_start_settings_reach_the_worker() -> None:
     assert env["ELASTIC_WARM_PRELOAD"] == "torch,torchvision.models"
 
 
+def test_exit_barrier_timeout_seconds_reaches_the_worker_60_s_by_default() -> None:
+    """job.exitBarrierTimeoutSeconds -> ELASTIC_EXIT_BARRIER_TIMEOUT: how long a node that
+    finished waits for the others (torchrun's own 300 s is what a user would get without
+    it), and half of it for a warm process's teardown."""
+    assert DEFAULTS["job"]["exitBarrierTimeoutSeconds"] == 60
+    assert worker_env()["ELASTIC_EXIT_BARRIER_TIMEOUT"] == "60"
+    env = worker_env(extra=["--set-json", "job.exitBarrierTimeoutSeconds=12.5"])
+    assert env["ELASTIC_EXIT_BARRIER_TIMEOUT"] == "12.5"
+
+
 def test_the_lifeline_is_on_by_default_on_its_named_port_and_off_when_disabled() -> None:
     """rendezvous.lifeline: the container port `lifeline` and the two variables; off, no
     port (and no ports at all without the metrics)."""

@@ -72,7 +72,7 @@ def test_own_image_trains_through_the_injected_worker_loses_a_node_and_completes
     worker_log = run.log(pod(0))
     assert (
         f"starting: {image_venv}/bin/python3 /opt/elastic-worker/bin/boot.py worker "
-        "torch.distributed.run" in worker_log
+        "elastic_worker.launch.torchrun" in worker_log
     ), worker_log[-3000:]
     # It lost a node, re-formed without it and resumed from the user's own snapshot.
     assert "exited 137" in run.events()

@@ -184,7 +184,7 @@ def test_the_injected_worker_trains_in_an_image_we_did_not_build(
     out = trained.stdout + trained.stderr
     assert trained.returncode == 0, out[-4000:]
     assert "[train] done" in out
-    assert "/opt/elastic-worker/bin/boot.py worker torch.distributed.run" in out
+    assert "/opt/elastic-worker/bin/boot.py worker elastic_worker.launch.torchrun" in out
     # The image's python wrote the bundle's bytecode (the group lets it): later starts skip it.
     assert list(pod.rglob("__pycache__/*.pyc")), "no bytecode written"
     # The init-topology image's own python has no torch: one line, exit 5.

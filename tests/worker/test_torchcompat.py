@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import logging
 import pickle
 import re
 import sys
+import types
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -26,6 +28,7 @@ import torch
 from elastic_worker import torchcompat
 from elastic_worker.recovery import leave
 from torch.distributed import HashStore
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from worker.worker_helpers import ROOT
@@ -288,3 +291,76 @@ def test_a_pod_on_a_torch_without_them_says_so_once_and_takes_torchs_own_path(
         "no lifelines and no leave at a signal: torch 9.9 lacks _Action; a lost or stopped "
         "node leaves the round when its keep-alive lapses"
     ]
+
+
+# -- torchrun's exit barrier (the launcher's fence) ---------------------------------------
+
+
+def test_the_installed_torch_takes_the_exit_barrier_timeout_through_the_fence() -> None:
+    """Pinned against torch 2.13: launch_agent builds `LocalElasticAgent(...)` by its
+    module's name with no exit_barrier_timeout of its own (default 300 s), so the fence's
+    subclass gives every torchrun agent the job's (launch/test_torchrun.py runs torchrun)."""
+    assert torchcompat.exit_barrier_problem() is None, torch.__version__
+    default = inspect.signature(LocalElasticAgent.__init__).parameters["exit_barrier_timeout"]
+    assert default.default == 300
+
+    class Agent:
+        def __init__(self, spec: Any, exit_barrier_timeout: float = 300) -> None:
+            self.timeout = exit_barrier_timeout
+
+    api = types.SimpleNamespace(LocalElasticAgent=Agent)
+    torchcompat.set_exit_barrier_timeout(7.5, api)
+    assert api.LocalElasticAgent(spec=None).timeout == 7.5
+    assert api.LocalElasticAgent(None, exit_barrier_timeout=3).timeout == 3  # given: kept
+    assert issubclass(api.LocalElasticAgent, Agent)
+
+
+def _launcher(path: Path, takes_timeout: bool) -> types.SimpleNamespace:
+    """A stand-in for torch.distributed.launcher.api: `launch_agent` from the file at
+    `path` (inspect reads a function's source from its file), and an agent class that
+    takes exit_barrier_timeout or not."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+
+    class Agent:
+        def __init__(self, spec: Any, exit_barrier_timeout: float = 300) -> None: ...
+
+    class Old:
+        def __init__(self, spec: Any) -> None: ...
+
+    agent = Agent if takes_timeout else Old
+    return types.SimpleNamespace(launch_agent=loaded.launch_agent, LocalElasticAgent=agent)
+
+
+@pytest.mark.parametrize(
+    ("source", "takes", "problem"),
+    [
+        ("def launch_agent(spec):\n    agent = LocalElasticAgent(spec=spec)\n", True, None),
+        (
+            "def launch_agent(spec):\n"
+            "    agent = LocalElasticAgent(spec, exit_barrier_timeout=9)\n",
+            True,
+            "launch_agent passes an exit_barrier_timeout of its own",
+        ),
+        (
+            "def launch_agent(spec):\n    agent = make_agent(spec)\n",
+            True,
+            "launch_agent builds no LocalElasticAgent by that name",
+        ),
+        (
+            "def launch_agent(spec):\n    agent = LocalElasticAgent(spec=spec)\n",
+            False,
+            "LocalElasticAgent takes no exit_barrier_timeout",
+        ),
+    ],
+)
+def test_a_launcher_the_fence_would_not_reach_is_named(
+    tmp_path: Path, source: str, takes: bool, problem: str | None
+) -> None:
+    """The shapes the fence relies on, each missing in turn: launch/torchrun.py then says
+    so in one line and runs torch's torchrun with its own timeout."""
+    module = tmp_path / "launcher_api.py"
+    module.write_text(source)
+    assert torchcompat.exit_barrier_problem(_launcher(module, takes)) == problem

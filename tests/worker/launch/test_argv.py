@@ -37,7 +37,9 @@ def test_build_argv_is_the_full_torchrun_command() -> None:
     assert argv == [
         "/py",
         "-m",
-        "torch.distributed.run",
+        # torch's torchrun, with the job's exit barrier timeout (launch/torchrun.py)
+        "elastic_worker.launch.torchrun",
+        "--exit-barrier-timeout=60",
         "--rdzv-backend=etcd-v2",
         "--rdzv-endpoint=etcd.default.svc:2379",
         "--rdzv-id=default-run42",

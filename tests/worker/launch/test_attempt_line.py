@@ -227,7 +227,7 @@ def test_one_attempt_line_per_attempt_from_local_rank_0_and_the_program_sees_wha
         assert rec["argv"] == old["argv"] == [str(PYTHON), "-u", str(tmp_path / "program.py"),
                                               "--flag", "two words"]  # fmt: skip
         # The program's parent is torchrun itself: the shell exec'd it.
-        assert rec["parent"][1:3] == ["-m", "torch.distributed.run"], rec["parent"]
+        assert rec["parent"][1:3] == ["-m", "elastic_worker.launch.torchrun"], rec["parent"]
         differs = {
             k
             for k in rec["env"].keys() | old["env"].keys()

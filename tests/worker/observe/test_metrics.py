@@ -243,6 +243,24 @@ def test_waiting_while_more_pods_are_registered_than_max_nodes_is_spare() -> Non
     assert state(scrape(metrics)) == "failed"
 
 
+def test_a_node_that_finished_waits_in_the_exit_barrier_for_the_others() -> None:
+    """Its training processes exited 0 and torchrun waits for the other nodes': the state
+    says so, the gauge says for how many (-1: it cannot tell), and both clear at the end."""
+    tracker, metrics, _ = tracked()
+    tracker.torchrun_started()
+    tracker.attempt(attempt(0, 1, 3))
+    assert scrape(metrics)["elastic_job_exit_barrier_waiting_nodes"] == 0
+    tracker.attempt_ended()
+    tracker.exit_barrier(2)
+    v = scrape(metrics)
+    assert (state(v), v["elastic_job_exit_barrier_waiting_nodes"]) == ("exit_barrier", 2)
+    tracker.exit_barrier(None)
+    assert scrape(metrics)["elastic_job_exit_barrier_waiting_nodes"] == -1
+    tracker.finished(completed=True)
+    v = scrape(metrics)
+    assert (state(v), v["elastic_job_exit_barrier_waiting_nodes"]) == ("completed", 0)
+
+
 @pytest.mark.parametrize(
     ("line", "step"),
     [

@@ -173,6 +173,26 @@ def test_a_lapse_after_the_job_completed_stops_nothing(
     assert pods["pod-c"].program.poll() is None
 
 
+def test_unfinished_is_the_members_of_the_last_round_whose_attempt_still_runs(
+    pods: dict[str, Pod], etcd: EtcdServer, client: kvstore.KeyStore, tmp_path: Path
+) -> None:
+    """Whom a node that finished waits for in torch's exit barrier (launch/supervisor.py,
+    ExitBarrier): the other members of its round whose key still says alive; still known
+    once its own attempt has ended (that is when it is asked)."""
+    cfg = config.load(["train.py"], pod_env(etcd, "pod-a"))
+    detector = liveness.LossDetector(client, cfg, tmp_path / "pod-a.attempts")
+    assert detector.unfinished() is None  # in no round yet
+    detector.refresh_once()
+    assert detector.unfinished() == ["pod-b", "pod-c"]
+    pods["pod-b"].program.terminate()
+    pods["pod-b"].program.wait()
+    wait_until("pod-b finished", lambda: detector.unfinished() == ["pod-c"], 5)
+    pods["pod-a"].program.terminate()
+    pods["pod-a"].program.wait()
+    detector.refresh_once()  # this pod's attempt ended: its key says left
+    assert detector.unfinished() == ["pod-c"]
+
+
 def _wipe(etcd: EtcdServer, prefix: str) -> None:
     """Delete every key under `prefix` directly, with the API the backend uses."""
     if etcd.v2:

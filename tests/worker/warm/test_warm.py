@@ -247,7 +247,7 @@ def test_under_torchrun_a_warm_attempt_sees_what_a_cold_one_does(
     for key, rec in hot.items():
         assert rec["argv"] == cold[key]["argv"]
         assert rec["parent"][1:4] == ["-m", "elastic_worker.warm.server", server.socket_path]
-        assert cold[key]["parent"][1:3] == ["-m", "torch.distributed.run"]
+        assert cold[key]["parent"][1:3] == ["-m", "elastic_worker.launch.torchrun"]
         differs = {
             k
             for k in rec["env"].keys() | cold[key]["env"].keys()

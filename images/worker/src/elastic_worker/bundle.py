@@ -50,7 +50,8 @@ MOUNT_PATH = "/opt/elastic-worker"
 MANIFEST = "bundle.json"
 #: Our package, whose modules run with the WORKER role wherever they are started.
 PACKAGE = "elastic_worker"
-TORCHRUN = "torch.distributed.run"
+#: What runs torch's torchrun: our wrapper of it (launch/torchrun.py).
+TORCHRUN = "elastic_worker.launch.torchrun"
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@ another, the end; and the services around torchrun, started and stopped by one o
 
     run()        memlock check, Events, metrics; gate/ready.py; _train(); the exit code
     _train()     the services (member refresh, attempt follower, this incarnation's
-                 fence, reclaim, loss detection, warm server, lifeline server) on one
-                 ExitStack, then Epochs.run()
+                 fence, reclaim, loss detection, warm server, lifeline server, torchrun's
+                 reports) on one ExitStack, then Epochs.run()
     Epochs       torchrun supervised in the current epoch; in the next while torch closed
                  it early (recovery/epochs.py); a lifeline watcher per torchrun; a pod
                  that was replaced (recovery/fence.py) waits for its kubelet
@@ -19,6 +19,7 @@ import shlex
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from elastic_worker.gate.ready import Ready, pass_gate
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.launch import argv
 from elastic_worker.launch.attempt_line import ensure_log
-from elastic_worker.launch.supervisor import Supervisor
+from elastic_worker.launch.supervisor import ExitBarrier, Supervisor, Unfinished, teardown_bound
 from elastic_worker.observe import events
 from elastic_worker.recovery import epochs, lossdetect, reclaim
 from elastic_worker.recovery.fence import Fence
@@ -200,7 +201,9 @@ def _start_warm(cfg: Config, env: dict[str, str]) -> warm.Handle | None:
     if warm_command(program, sys.executable, "-") is None:
         logger.info("warm start: off for %s (not a python script or -m module)", program[0])
         return None
-    server = warm.start(sys.executable, cfg.warm_preload, env)
+    server = warm.start(
+        sys.executable, cfg.warm_preload, env, teardown_bound(cfg.exit_barrier_timeout)
+    )
     logger.info(
         "warm start: each training process forks from a server with %s imported "
         "(job.warmStart.enabled=false turns this off)",
@@ -253,6 +256,7 @@ def _train(
         reclaimer = reclaim.start(cfg, lambda: fence.holding, completion.known, recorder)
         if reclaimer is not None:
             services.callback(reclaimer.stop)
+        unfinished: Unfinished | None = None
         if cfg.loss_detection:
             detector = lossdetect.start(
                 client,
@@ -264,6 +268,9 @@ def _train(
                 saves=follower.saves if follower is not None else None,  # snapshot lines
             )
             services.callback(detector.stop)
+            unfinished = detector.unfinished  # whom a node in the exit barrier waits for
+        reports = Path(tempfile.mkdtemp(prefix="elastic-torchrun-"))  # torchrun.py's --report
+        services.callback(shutil.rmtree, reports, ignore_errors=True)
         server = _start_warm(cfg, env)
         if server is not None:
             services.callback(server.stop)
@@ -291,6 +298,8 @@ def _train(
             leave=internals,
             fence=fence,
             reclaimer=reclaimer,
+            unfinished=unfinished,
+            reports=reports,
         )
         try:
             return epoch_runs.run()
@@ -303,7 +312,9 @@ def _train(
 class Epochs:
     """torchrun in the current rendezvous epoch, and in the next while torch closed it
     early. `lifelines`: the attempt log, when this pod holds lifelines to its peers
-    (recovery/lifelines/); `leave`: this torch lets a node leave its round at once."""
+    (recovery/lifelines/); `leave`: this torch lets a node leave its round at once;
+    `unfinished`: who of the round has not finished (lossdetect.py), said while this node
+    waits in torch's exit barrier; `reports`: a directory for torchrun's (torchrun.py)."""
 
     cfg: Config
     completion: Completion
@@ -317,6 +328,9 @@ class Epochs:
     leave: bool = True
     fence: Fence | None = None
     reclaimer: Reclaimer | None = None
+    unfinished: Unfinished | None = None
+    reports: Path | None = None
+    _runs: int = field(default=0, init=False)  # torchruns started: one report file each
 
     def run(self) -> int:
         cfg, relay, client = self.cfg, self.relay, self.completion.client
@@ -346,12 +360,15 @@ class Epochs:
 
     def _supervisor(self, rdzv_id: str) -> Supervisor:
         local_addr = self.ready.local_addr
+        self._runs += 1
+        report = self.reports / f"torchrun-{self._runs}" if self.reports is not None else None
         torchrun = argv.build_argv(
             self.cfg,
             local_addr,
             rdzv_id=rdzv_id,
             pwd=self.env.get("PWD"),
             warm_socket=self.warm_socket,
+            report=str(report) if report is not None else None,
         )
         logger.info("starting: %s", shlex.join(torchrun))
         leaving = Leaving(
@@ -362,8 +379,24 @@ class Epochs:
             enabled=self.leave,
             holding=self._holding,
         )
+        barrier = (
+            None
+            if report is None
+            else ExitBarrier(
+                report,
+                self.cfg.exit_barrier_timeout,
+                self.unfinished,
+                _in_exit_barrier(self.tracker, self.recorder, self.cfg.exit_barrier_timeout),
+            )
+        )
         return Supervisor(
-            torchrun, self.env, self.cfg, self.completion, leaving=leaving, fence=self.fence
+            torchrun,
+            self.env,
+            self.cfg,
+            self.completion,
+            leaving=leaving,
+            fence=self.fence,
+            exit_barrier=barrier,
         )
 
     def _holding(self) -> bool:
@@ -426,3 +459,24 @@ class Epochs:
                     reclaimer.lost(peer.name, None, peer.uid or None)
 
         return gone
+
+
+def _in_exit_barrier(
+    tracker: metrics.Tracker | None, recorder: events.Recorder | None, timeout: float
+) -> Callable[[list[str] | None], None]:
+    """The metrics' state and the pod's ExitBarrier Event (once per wait), when this node
+    waits in torch's exit barrier for `names` (None: it cannot tell which nodes)."""
+    told: list[bool] = []
+
+    def notify(names: list[str] | None) -> None:
+        if tracker is not None:
+            tracker.exit_barrier(None if names is None else len(names))
+        if recorder is not None and recorder.enabled and not told:
+            told.append(True)
+            whom = ", ".join(names) if names else "the other nodes"
+            recorder.record(
+                "ExitBarrier",
+                f"training processes exited 0; waiting up to {timeout:g} s for: {whom}",
+            )
+
+    return notify

@@ -1,5 +1,6 @@
 """torch's private rendezvous internals, behind one fence: no other module of the worker
-touches them (tests/worker/test_torchcompat.py checks it).
+touches them (tests/worker/test_torchcompat.py checks it). At its end, the one reach into
+torch's launcher: the exit barrier's timeout (launch/torchrun.py sets it).
 
 Read from torch/distributed/elastic/rendezvous/dynamic_rendezvous.py of torch 2.1.0 to
 2.14.1, the releases the NGC PyTorch images of 24.01 to 25.12 are built from and after
@@ -273,3 +274,50 @@ class _TakeOut:
                 result.removed_from, result.round = name, state.round
                 return action
         return self._action.FINISH
+
+
+# -- torchrun's exit barrier ------------------------------------------------------------
+#
+# Once its workers succeeded, torchrun waits in torch's exit barrier for the other nodes'
+# (LocalElasticAgent's documented `exit_barrier_timeout`, 300 s by default). The launcher
+# has no option for it: `launch_agent` (torch/distributed/launcher/api.py, read in 2.13)
+# builds `LocalElasticAgent(...)` by the name in its module and passes no timeout. The
+# fence gives that name a subclass whose default is the job's, inside torchrun.
+
+
+def exit_barrier_problem(api: Any = None) -> str | None:
+    """Why this torch's launcher would not take the job's exit barrier timeout through
+    set_exit_barrier_timeout (`api`: torch.distributed.launcher.api); None when it would."""
+    import inspect  # noqa: PLC0415 - in torchrun only
+
+    if api is None:
+        from torch.distributed.launcher import api  # noqa: PLC0415
+
+    try:
+        source = inspect.getsource(api.launch_agent)
+        parameters = inspect.signature(api.LocalElasticAgent.__init__).parameters
+    except (AttributeError, OSError, TypeError, ValueError) as exc:
+        return f"its launcher cannot be read ({exc})"
+    if "exit_barrier_timeout" not in parameters:
+        return "LocalElasticAgent takes no exit_barrier_timeout"
+    if "LocalElasticAgent(" not in source:
+        return "launch_agent builds no LocalElasticAgent by that name"
+    if "exit_barrier_timeout" in source:
+        return "launch_agent passes an exit_barrier_timeout of its own"
+    return None
+
+
+def set_exit_barrier_timeout(timeout: float, api: Any = None) -> None:
+    """launch_agent's agents wait at most `timeout` s in the exit barrier (after
+    exit_barrier_problem() said None)."""
+    if api is None:
+        from torch.distributed.launcher import api  # noqa: PLC0415
+
+    base = api.LocalElasticAgent
+
+    class LocalElasticAgent(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("exit_barrier_timeout", timeout)
+            super().__init__(*args, **kwargs)
+
+    api.LocalElasticAgent = LocalElasticAgent

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from elastic_worker import bundle
 from elastic_worker.gate.netif import Choice
 from elastic_worker.launch.attempt_line import ATTEMPT_ARGV0, attempt_script
+from elastic_worker.launch.torchrun import argv_prefix
 from elastic_worker.settings.config import Config
 from elastic_worker.warm.protocol import warm_command
 
@@ -89,12 +90,15 @@ def build_argv(
     rdzv_id: str | None = None,
     pwd: str | None = None,
     warm_socket: str | None = None,
+    report: str | None = None,
 ) -> list[str]:
-    """torchrun's command line; `rdzv_id` defaults to the job id (epoch 0, epoch.py),
-    `pwd` is PWD in torchrun's environment (attempt_script), `warm_socket` the warm
-    server's (warm.py), if one runs."""
+    """torchrun's command line (torch's, through torchrun.py for the exit barrier's
+    timeout); `rdzv_id` defaults to the job id (epoch 0, epoch.py), `pwd` is PWD in
+    torchrun's environment (attempt_script), `warm_socket` the warm server's (warm.py),
+    if one runs, `report` where torchrun tells when its workers succeeded."""
     argv = [
         *bundle.module_argv(python, bundle.TORCHRUN),
+        *argv_prefix(config.exit_barrier_timeout, report),
         f"--rdzv-backend={config.rdzv_backend}",
         f"--rdzv-endpoint={config.endpoint}",
         f"--rdzv-id={rdzv_id or config.job_id}",

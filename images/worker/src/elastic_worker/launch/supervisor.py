@@ -10,7 +10,8 @@ SIGHUP and SIGQUIT to it, and exits with its code. torchrun itself forwards the 
 to the training processes and waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT for them, which is
 set below the pod's grace period so the whole tree ends before the kubelet's SIGKILL.
 What each end means for the job is completion.py's; leaving the round at a signal is
-recovery/leave.py's.
+recovery/leave.py's. Once its workers succeeded, torchrun waits in torch's exit barrier
+for the other nodes' (ExitBarrier says for whom).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from elastic_worker import exits
 from elastic_worker.completion import Completion
+from elastic_worker.launch import torchrun
 from elastic_worker.launch.argv import shutdown_timeout
 from elastic_worker.recovery.leave import Leaving
 from elastic_worker.settings.config import Config
@@ -39,6 +42,108 @@ logger = logging.getLogger(__name__)
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 COMPLETION_POLL = 2.0  # seconds between checks of the marker while torchrun runs
 COMPLETION_GRACE = 15.0  # torchrun's time to end by itself once the job is complete
+# Seconds in torch's exit barrier before elastic-worker says whom it waits for: nodes
+# that finish together pass it within a second, and say nothing.
+EXIT_BARRIER_SAY = 2.0
+EXIT_BARRIER_ASK = 2.0  # seconds between reads of who has not finished, while waiting
+
+
+def teardown_bound(exit_barrier_timeout: float) -> float:
+    """Seconds a training process started warm may run after its script returned (warm/):
+    half the exit barrier's timeout, so that a node whose process hangs in its teardown
+    still reaches the barrier before the other nodes' timeout passes, and the job ends
+    through it with every node finished."""
+    return exit_barrier_timeout / 2
+
+
+#: Who has not finished: pod names (sorted), or None when nobody can tell.
+Unfinished = Callable[[], "list[str] | None"]
+
+
+class ExitBarrier:
+    """This node's torchrun after its workers succeeded: waiting in torch's exit barrier
+    until the other nodes' have too (or `timeout`). torchrun tells when it entered
+    (torchrun.py, `report`); once it has waited EXIT_BARRIER_SAY s, this says so and whom
+    it waits for (`unfinished`, the round's members whose processes still run), again
+    when that changes (not when nobody is left: torch's barrier is then completing), and how
+    it ended. `notify` hears the same (metrics, Events)."""
+
+    def __init__(
+        self,
+        report: Path,
+        timeout: float,
+        unfinished: Unfinished | None = None,
+        notify: Callable[[list[str] | None], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.report = report
+        self.timeout = timeout
+        self.unfinished = unfinished
+        self.notify = notify
+        self.clock = clock
+        self.entered: float | None = None  # when torchrun said its workers succeeded
+        self.said: bool = False
+        self.waiting_for: list[str] | None = None  # as last said
+        self._next_ask = 0.0
+
+    def poll(self) -> None:
+        """One look, from the supervisor's loop while torchrun runs."""
+        now = self.clock()
+        if self.entered is None:
+            try:
+                if torchrun.SUCCEEDED not in self.report.read_text():
+                    return
+            except OSError:
+                return
+            self.entered = now
+        if now - self.entered < EXIT_BARRIER_SAY or now < self._next_ask:
+            return
+        self._next_ask = now + EXIT_BARRIER_ASK
+        names = self._ask()
+        if names == [] or (self.said and names == self.waiting_for):
+            return  # every other node has finished (torch's barrier is completing), or as said
+        if not self.said:
+            logger.info(
+                "exit barrier: this node's training processes exited 0; waiting up to %g s for: %s",
+                self.timeout,
+                _whom(names),
+            )
+        elif names:
+            logger.info("exit barrier: still waiting for: %s", _whom(names))
+        self.said, self.waiting_for = True, names
+        if self.notify is not None:
+            self.notify(names)
+
+    def _ask(self) -> list[str] | None:
+        if self.unfinished is None:
+            return None
+        try:
+            return self.unfinished()
+        except Exception as exc:  # noqa: BLE001 - a view only: never the training's end
+            logger.debug("who has not finished: %s", exc)
+            return None
+
+    def ended(self, returncode: int = 0) -> None:
+        """torchrun has exited (`returncode`): how long it waited, when it was said to wait."""
+        if not self.said or self.entered is None:
+            return
+        waited = self.clock() - self.entered
+        if returncode != 0:  # stopped in it (a signal: the job completed elsewhere)
+            logger.info("exit barrier: left after %.1f s: torchrun stopped", waited)
+        elif waited >= self.timeout:
+            logger.info(
+                "exit barrier: left after %.1f s, its timeout; had not finished: %s",
+                waited,
+                _whom(self.waiting_for),
+            )
+        else:
+            logger.info("exit barrier: left after %.1f s; every node had finished", waited)
+
+
+def _whom(names: list[str] | None) -> str:
+    if names is None:
+        return "the other nodes (which: unknown without rendezvous.lossDetection)"
+    return ", ".join(names)
 
 
 class Supervisor:
@@ -56,8 +161,11 @@ class Supervisor:
         completion_grace: float = COMPLETION_GRACE,
         leaving: Leaving | None = None,
         fence: Fence | None = None,
+        exit_barrier: ExitBarrier | None = None,
     ) -> None:
         self.argv = list(argv)
+        # torchrun's wait for the other nodes once its workers succeeded (argv's report)
+        self.exit_barrier = exit_barrier
         self.env = dict(env)
         self.config = config
         self.completion = completion
@@ -116,18 +224,25 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
             now = time.monotonic()
+            if self.exit_barrier is not None:
+                self.exit_barrier.poll()
             if complete_since is None and now >= next_check and self.signalled is None:
                 next_check = now + self.completion_poll
                 if self.completion.while_running():
                     complete_since = now
                     logger.info(
-                        "job %s completed elsewhere; torchrun has %g s to end",
+                        "job %s completed elsewhere while %s: torchrun has %g s to end",
                         self.config.job_id,
+                        "this node waits in the exit barrier"
+                        if self.exit_barrier is not None and self.exit_barrier.entered
+                        else "this node's training processes still run",
                         self.completion_grace,
                     )
             if complete_since is not None and now - complete_since >= self.completion_grace:
                 self._stop_torchrun()
                 return 0
+        if self.exit_barrier is not None:
+            self.exit_barrier.ended(returncode)
         return self._after_exit(returncode, complete_since is not None)
 
     def _after_exit(self, returncode: int, seen_complete: bool) -> int:

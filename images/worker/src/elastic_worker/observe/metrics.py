@@ -33,7 +33,15 @@ from elastic_worker.launch.attempt_line import AttemptLine
 from elastic_worker.observe.snapshots import Restored
 
 LABELS = ("elastic_job", "group")
-STATES = ("gating", "waiting_rendezvous", "training", "spare", "completed", "failed")
+STATES = (
+    "gating",
+    "waiting_rendezvous",
+    "training",
+    "spare",
+    "exit_barrier",
+    "completed",
+    "failed",
+)
 # Re-form durations: the measured floor is ~5 s (docs/recovery.md); torch's defaults
 # take ~50 s; a stuck rendezvous runs into the join timeout (600 s).
 REFORM_BUCKETS = (1, 2.5, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600)
@@ -119,6 +127,11 @@ class JobMetrics:
             "elastic_job_gate_wait_seconds", "Time spent in the readiness gate (so far)"
         )
         self.completed = gauge("elastic_job_completed", "1 once the job is complete")
+        self.exit_barrier_waiting = gauge(
+            "elastic_job_exit_barrier_waiting_nodes",
+            "Nodes of the round this pod waits for in torch's exit barrier (its own training "
+            "processes exited 0; state exit_barrier), -1 when it cannot tell; 0 otherwise",
+        )
         self.node = Info(
             "elastic_job_node",
             "The node this pod runs on (/etc/inject/env): node name, instance type, "
@@ -371,8 +384,16 @@ class Tracker:
                 "Normal",
             )
 
+    def exit_barrier(self, waiting: int | None) -> None:
+        """This node's training processes exited 0 and its torchrun waits for `waiting`
+        other nodes (None: it cannot tell which) in torch's exit barrier."""
+        with self._lock:
+            self.m.exit_barrier_waiting.set(-1 if waiting is None else waiting)
+            self._set("exit_barrier")
+
     def finished(self, completed: bool) -> None:
         with self._lock:
+            self.m.exit_barrier_waiting.set(0)
             self.current = None
             self.m.world_size.set(0)
             self.m.group_rank.set(-1)

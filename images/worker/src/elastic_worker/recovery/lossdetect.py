@@ -132,6 +132,7 @@ class LossDetector:
         self._lock = threading.Lock()
         self._attempt: RoundAttempt | None = None
         self._written: str | None = None  # the round whose key this pod last wrote alive
+        self._last_round: str | None = None  # the round this pod was last a member of
         self._marker: str | None = None  # that round's marker (_read_marker)
         self._watched: str | None = None  # the round `_seen` belongs to
         self._seen: set[str] = set()  # members seen alive in that round
@@ -219,7 +220,7 @@ class LossDetector:
             )
             if first:
                 self._marker = self._read_marker(attempt.round)
-            self._written = attempt.round
+            self._written = self._last_round = attempt.round
             self._last_ok = time.monotonic()
         except kvstore.KeyNotFound:
             self._lapsed(attempt)
@@ -303,6 +304,21 @@ class LossDetector:
         )
         if self.on_lost is not None:
             self.on_lost(lapsed, alive - set(lapsed))
+
+    def unfinished(self) -> list[str] | None:
+        """The other members of this pod's last round whose attempt still runs (their key
+        says alive), by pod name; None when etcd cannot say. What a node that has
+        finished waits for in torch's exit barrier (launch/supervisor.py, ExitBarrier)."""
+        round_ = self._last_round
+        if round_ is None:
+            return None
+        try:
+            nodes = self._reader.list_dir(f"{self.dir}/{round_}")
+        except kvstore.EtcdError:
+            return None
+        names = {n.key.rsplit("/", 1)[-1]: n.value for n in nodes}
+        mine = {MARKER, self.config.pod_name}
+        return sorted(name for name, value in names.items() if value == ALIVE and name not in mine)
 
     def _stop_attempt(self, attempt: RoundAttempt, why: str) -> None:
         logger.warning(

@@ -87,6 +87,7 @@ class Config:
     max_restarts: int
     rdzv_conf: tuple[tuple[str, str], ...]
     monitor_interval: float
+    exit_barrier_timeout: float
     gate_timeout: float
     gate_peers: bool
     mesh_interfaces: tuple[str, ...]
@@ -315,6 +316,7 @@ def load(
         rdzv_conf=rdzv_conf,
         tls=parse_tls(rdzv_conf),
         monitor_interval=_seconds(env, "ELASTIC_MONITOR_INTERVAL"),
+        exit_barrier_timeout=_seconds(env, "ELASTIC_EXIT_BARRIER_TIMEOUT"),
         gate_timeout=_seconds(env, "ELASTIC_GATE_TIMEOUT"),
         gate_peers=_bool(env, "ELASTIC_GATE_PEERS"),
         mesh_interfaces=mesh,

@@ -140,6 +140,17 @@ SETTINGS: tuple[Setting, ...] = (
         "the port of the lifeline (the container port named `lifeline`), the same in every pod",
     ),
     Setting(
+        "ELASTIC_EXIT_BARRIER_TIMEOUT",
+        Kind.SECONDS,
+        "60",
+        Source.VALUE,
+        "job.exitBarrierTimeoutSeconds",
+        "seconds a node whose training processes all exited 0 waits for the other nodes' "
+        "(torch's exit barrier; torchrun's is 300 s) before its torchrun exits 0 and the job is "
+        "complete; a training process started warm whose script has returned gets half of it "
+        "to end (its teardown) before it is stopped, counted as exited with the script's code",
+    ),
+    Setting(
         "ELASTIC_WARM_START",
         Kind.BOOL,
         "true",
