@@ -335,6 +335,14 @@ _RESTORED = re.compile(
     r"elastic-worker: state restored at step (\d+) from (peer-memory|local-memory|checkpoint)"
     r" \((\d+|\?) steps? lost\)"
 )
+_BARRIER_WAIT = re.compile(r"exit barrier: .*waiting (?:up to \S+ s )?for: (.+)$")
+_BARRIER_LEFT = re.compile(
+    r"exit barrier: left after ([\d.]+) s(?:, its timeout; had not finished: (.+)|[;:] .*)$"
+)
+_TEARDOWN = re.compile(
+    r"training process \d+ \((.+?)\) still running (\d+) s after its script returned "
+    r"(-?\d+) .*: stopped it"
+)
 
 
 @dataclass(frozen=True)
@@ -368,6 +376,26 @@ class Restore:
     step: int
     source: str  # peer-memory, local-memory or checkpoint
     lost: int | None
+
+
+@dataclass(frozen=True)
+class ExitBarrier:
+    """The worker's word on torch's exit barrier (launch.ExitBarrier): this node's training
+    processes exited 0 and it waits for `whom` (pods; empty: nobody left; None: it cannot
+    tell), or it left after `left_after` s (`timed_out`: by the timeout, `whom` unfinished)."""
+
+    whom: tuple[str, ...] | None
+    left_after: float | None = None
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class TeardownStopped:
+    """The warm server stopped a training process still running after its script returned."""
+
+    process: str  # "rank 1, local rank 0"
+    seconds: float
+    code: int
 
 
 @dataclass(frozen=True)
@@ -419,8 +447,31 @@ def parse_restore_line(line: str) -> Restore | None:
     return Restore(int(m[1]), m[2], None if m[3] == "?" else int(m[3]))
 
 
-def parse_line(container: str, line: str) -> Attempt | TrainEvent | Restore | WorkerMessage | None:
-    """What a pod's line says, or None when it says nothing the run tracks."""
+def _whom(text: str) -> tuple[str, ...] | None:
+    """The pods a waiting line names; None for `the other nodes (which: unknown ...)`."""
+    if text.startswith("the other nodes"):
+        return None
+    return tuple(name.strip() for name in text.split(","))
+
+
+def parse_worker_line(text: str) -> ExitBarrier | TeardownStopped | None:
+    """The worker's lines the run keeps as facts (the end of a job), from their text."""
+    if m := _BARRIER_WAIT.search(text):
+        return ExitBarrier(_whom(m[1]))
+    if m := _BARRIER_LEFT.search(text):
+        timed_out = m[2] is not None
+        return ExitBarrier(_whom(m[2]) if timed_out else (), float(m[1]), timed_out)
+    if m := _TEARDOWN.search(text):
+        return TeardownStopped(m[1], float(m[2]), int(m[3]))
+    return None
+
+
+Parsed = Attempt | TrainEvent | Restore | ExitBarrier | TeardownStopped | WorkerMessage
+
+
+def parse_line(container: str, line: str) -> Parsed | None:
+    """What a pod's line says, or None when it says nothing the run tracks. A worker line
+    that is also a fact (ExitBarrier, TeardownStopped) is shown like the others."""
     attempt = parse_attempt_line(line)
     if attempt is not None:
         return attempt
@@ -431,6 +482,10 @@ def parse_line(container: str, line: str) -> Attempt | TrainEvent | Restore | Wo
     if train is not None:
         return train
     text = line.strip()
+    if container == WORKER and text.startswith(WORKER_PREFIX):
+        fact = parse_worker_line(text)
+        if fact is not None:
+            return fact
     if text.startswith(WORKER_PREFIX) or (
         container not in {WORKER, "etcd"}
         and any(w in text.lower() for w in ("warn", "error", "fail"))

@@ -11,6 +11,8 @@ Where each fact comes from:
 - where a re-form's state came from (another pod's memory, the pod's own, the checkpoint)
   and the steps it lost: the worker's `state restored` line, when the script keeps
   snapshots (packages/elastic-snapshot), whatever else it prints.
+- the end: which pods waited in torch's exit barrier, for whom and how long, and which
+  training processes were stopped in their teardown: the worker's own lines.
 
 A re-form is counted when training starts again after a fault (a `resumed` line, or a step
 at another world size, after the fault) or when the world size changes without one (a
@@ -26,7 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localrun.chart import Attempt, Restore, TrainEvent, WorkerMessage, parse_line
+from localrun.chart import (
+    Attempt,
+    ExitBarrier,
+    Restore,
+    TeardownStopped,
+    TrainEvent,
+    WorkerMessage,
+    parse_line,
+)
 from localrun.cluster.pod import Pod
 
 #: Seconds between the attempt lines of one round's members, at most (they start together).
@@ -88,6 +98,24 @@ class PodState:
     nodes: list[tuple[int, str]] = field(default_factory=list)  # (incarnation, node) in order
 
 
+@dataclass
+class BarrierWait:
+    """A pod in torch's exit barrier: its training processes exited 0, it waits for `whom`
+    (None: it cannot tell), since `since` (run seconds, when it first said so)."""
+
+    since: float
+    whom: tuple[str, ...] | None
+    left_after: float | None = None  # seconds in the barrier, once it left
+    timed_out: bool = False  # left by the timeout, `whom` not finished
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "waiting_for": None if self.whom is None else list(self.whom),
+            "left_after_seconds": self.left_after,
+            "timed_out": self.timed_out,
+        }
+
+
 @dataclass(frozen=True)
 class Round:
     """A rendezvous round, from the attempt line of its group rank 0."""
@@ -122,6 +150,8 @@ class RunState:
         self.steps_went_back_past_checkpoint = False
         self.error = ""
         self.duration = 0.0
+        self.exit_barrier: dict[str, BarrierWait] = {}  # the last wait of each pod
+        self.stopped_in_teardown: list[dict[str, Any]] = []
         # re-form tracking (step detail)
         self._world: int | None = None
         self._pending: list[Reform] = []
@@ -152,6 +182,11 @@ class RunState:
             if not out or out[-1] != r.nodes:
                 out.append(r.nodes)
         return out
+
+    @property
+    def waiting_in_exit_barrier(self) -> dict[str, tuple[str, ...] | None]:
+        """Pods in the exit barrier now, and whom they wait for."""
+        return {pod: w.whom for pod, w in self.exit_barrier.items() if w.left_after is None}
 
     @property
     def world_size(self) -> int | None:
@@ -242,12 +277,37 @@ class RunState:
                 last.restored(self._restores_between(last.fault_at, t))
         elif isinstance(ev, TrainEvent):
             self.train(pod, t, ev)
+        elif isinstance(ev, ExitBarrier):
+            self._exit_barrier(pod, t, ev)
+            self._message(pod, text.strip(), shown=True)
+        elif isinstance(ev, TeardownStopped):
+            self.stopped_in_teardown.append(
+                {"pod": pod, "process": ev.process, "seconds": ev.seconds, "code": ev.code}
+            )
+            self._message(pod, text.strip(), shown=True)
         elif isinstance(ev, WorkerMessage):
-            ps = self.pod(pod)
-            ps.last_lines = [*ps.last_lines, ev.text][-LAST_LINES:]
-            if ev.shown:
-                ps.message = ev.text[:80]
-                self.say(f"{pod}: {ev.text}")
+            self._message(pod, ev.text, ev.shown)
+
+    def _message(self, pod: str, text: str, shown: bool) -> None:
+        ps = self.pod(pod)
+        ps.last_lines = [*ps.last_lines, text][-LAST_LINES:]
+        if shown:
+            ps.message = text[:80]
+            self.say(f"{pod}: {text}")
+
+    def _exit_barrier(self, pod: str, t: float, ev: ExitBarrier) -> None:
+        wait = self.exit_barrier.get(pod)
+        if ev.left_after is None:  # waiting, or still waiting for fewer
+            if wait is None or wait.left_after is not None:
+                self.exit_barrier[pod] = BarrierWait(t, ev.whom)
+            else:
+                wait.whom = ev.whom
+            return
+        if wait is None:
+            wait = self.exit_barrier[pod] = BarrierWait(t - ev.left_after, None)
+        wait.left_after, wait.timed_out = ev.left_after, ev.timed_out
+        if ev.timed_out:
+            wait.whom = ev.whom
 
     def attempt(self, pod: str, t: float, a: Attempt) -> None:
         self.ranks[pod] = (a.group_rank, t)
@@ -387,6 +447,8 @@ class RunState:
             "steps_went_back_past_checkpoint": self.steps_went_back_past_checkpoint,
             "etcd_complete": self.etcd_complete,
             "rendezvous_scaled_to_zero": self.rendezvous_scaled_to_zero,
+            "exit_barrier": {pod: w.as_dict() for pod, w in sorted(self.exit_barrier.items())},
+            "stopped_in_teardown": self.stopped_in_teardown,
             "duration_seconds": round(self.duration, 1),
             "prometheus_url": self.prometheus_url,
             "error": self.error,

@@ -62,6 +62,10 @@ class Progress:
             f"checkpoint {show(s.checkpoint_steps[-1] if s.checkpoint_steps else None)}   "
             f"{'COMPLETE' if s.completed else ''}"
         )
+        waiting = s.waiting_in_exit_barrier
+        if waiting:
+            whom = sorted({p for w in waiting.values() for p in (w or ("?",))})
+            head = f"{head.rstrip()}   EXIT BARRIER: {len(waiting)} waiting for {', '.join(whom)}"
         width = shutil.get_terminal_size((120, 24)).columns
         rows = [
             head.rstrip(),
@@ -118,6 +122,21 @@ def summary_text(d: dict[str, Any], logs: Path) -> str:
             f"{r['seconds']:.1f}s ({detail})"
         )
     lines.append(f"checkpoints:  {', '.join(str(s) for s in d['checkpoint_steps']) or '-'}")
+    for name, w in d.get("exit_barrier", {}).items():
+        whom = "the other nodes" if w["waiting_for"] is None else ", ".join(w["waiting_for"])
+        if w["left_after_seconds"] is None:
+            lines.append(f"exit barrier: {name} was still waiting at the end, for {whom}")
+        elif w["timed_out"]:
+            lines.append(
+                f"exit barrier: {name} waited {w['left_after_seconds']:g}s, its timeout, for {whom}"
+            )
+        else:
+            lines.append(f"exit barrier: {name} waited {w['left_after_seconds']:g}s")
+    for stop in d.get("stopped_in_teardown", []):
+        lines.append(
+            f"teardown:     {stop['pod']}: training process ({stop['process']}) stopped "
+            f"{stop['seconds']:g}s after its script returned {stop['code']}"
+        )
     for name, p in d["pods"].items():
         lines.append(f"pod:          {name}: exit {p['exit_code']}, restarts {p['restarts']}")
     if d["error"]:

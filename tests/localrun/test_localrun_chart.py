@@ -3,17 +3,30 @@ lines the pods print (the worker's attempt lines, the reference script's `[train
 
 from __future__ import annotations
 
+import logging
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 from elastic_worker import completion
 from elastic_worker.keystore import interface as kvstore
+from elastic_worker.launch import torchrun
+from elastic_worker.launch.supervisor import ExitBarrier as WorkerExitBarrier
 from elastic_worker.settings import config
+from elastic_worker.warm import server as warm
 from testlib import EtcdServer
 
 from localrun import chart
-from localrun.chart import Attempt, TrainEvent, WorkerMessage, parse_attempt_line, parse_line
+from localrun.chart import (
+    Attempt,
+    ExitBarrier,
+    TeardownStopped,
+    TrainEvent,
+    WorkerMessage,
+    parse_attempt_line,
+    parse_line,
+)
 from localrun.chart import parse_train_line as parse_train
 
 
@@ -147,3 +160,67 @@ def test_etcd_v3_completion_marker_is_read_over_the_v3_api(
     assert chart.read_completion(marker) is True
     # The v2 reading of the same etcd finds nothing: the two stores are apart.
     assert chart.read_completion(chart.completion_url(host, int(port), "run42-ns")) is not True
+
+
+def _worker_lines(emit: Callable[[], None], logger: str) -> list[str]:
+    """What the worker's `logger` says during `emit`, as its pod log shows it."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda r: lines.append(f"elastic-worker: {r.getMessage()}")  # type: ignore[method-assign]
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+    try:
+        emit()
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    return lines
+
+
+def test_the_workers_exit_barrier_lines_parse_as_it_says_them(tmp_path: Path) -> None:
+    """Fed the lines the worker's ExitBarrier (launch/supervisor.py) writes, not copies of
+    them: whom a pod waits for in torch's exit barrier, and how it left."""
+    report = tmp_path / "report"
+    report.write_text(f"{torchrun.SUCCEEDED} 1700000000.0\n")
+    clock = [0.0]
+    whom = [["demo-w-1", "demo-w-2"]]
+    barrier = WorkerExitBarrier(report, 60, lambda: whom[0], clock=lambda: clock[0])
+
+    def wait_then_time_out() -> None:
+        barrier.poll()
+        clock[0] = 2.0
+        barrier.poll()
+        whom[0] = ["demo-w-2"]
+        clock[0] = 4.0
+        barrier.poll()
+        clock[0] = 60.5
+        barrier.ended()
+
+    waiting, fewer, left = _worker_lines(wait_then_time_out, "elastic_worker.launch.supervisor")
+    assert parse_line("worker", waiting) == ExitBarrier(("demo-w-1", "demo-w-2"))
+    assert parse_line("worker", fewer) == ExitBarrier(("demo-w-2",))
+    assert parse_line("worker", left) == ExitBarrier(("demo-w-2",), 60.5, timed_out=True)
+
+    unknown = WorkerExitBarrier(report, 60, None, clock=lambda: clock[0])
+
+    def unknown_then_all_finished() -> None:
+        clock[0] = 0.0
+        unknown.poll()
+        clock[0] = 2.0
+        unknown.poll()
+        clock[0] = 3.5
+        unknown.ended()
+
+    waiting, left = _worker_lines(unknown_then_all_finished, "elastic_worker.launch.supervisor")
+    assert parse_line("worker", waiting) == ExitBarrier(None)
+    assert parse_line("worker", left) == ExitBarrier((), 3.5, timed_out=False)
+    (stopped,) = _worker_lines(lambda: unknown.ended(-15), "elastic_worker.launch.supervisor")
+    assert parse_line("worker", stopped) == ExitBarrier((), 3.5, timed_out=False)
+
+
+def test_the_warm_servers_teardown_line_parses() -> None:
+    line = f"elastic-worker: {warm.teardown_stopped(4242, 'rank 1, local rank 0', 30.2, 0)}"
+    assert parse_line("worker", line) == TeardownStopped("rank 1, local rank 0", 30, 0)
+    assert not isinstance(parse_line("etcd", line), TeardownStopped)  # only the worker says it

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from elastic_worker.warm import server as warm
+
 from localrun.chart import TrainEvent
 from localrun.state import RunState
 from localrun.view import Progress, summary_text
@@ -266,3 +268,54 @@ def test_a_restore_line_read_after_the_new_rounds_first_step_still_counts() -> N
     s.line("p2", "worker", RESTORED.format(step=8, source="peer-memory", lost=0), 12.5)
     (kill,) = s.as_dict()["reforms"]
     assert (kill["resumed_step"], kill["steps_lost"], kill["state_from"]) == (8, 0, "peer-memory")
+
+
+def test_pods_in_the_exit_barrier_and_whom_they_wait_for_reach_the_view_and_the_summary() -> None:
+    """Two pods finished and wait in torch's exit barrier for the third, whose training
+    process the warm server stops in its teardown; the view's head says who waits for whom
+    while they do, the summary how long and whether by the timeout."""
+    out = io.StringIO()
+    p = Progress(out=out, live=True)
+    s = p.state
+    attempt(s, 0, 3)
+    wait = (
+        "elastic-worker: exit barrier: this node's training processes exited 0; "
+        "waiting up to 60 s for: {}"
+    )
+    s.line("p0", "worker", wait.format("p1, p2"), 50)
+    s.line("p2", "worker", wait.format("p1"), 50.5)
+    s.line("p0", "worker", "elastic-worker: exit barrier: still waiting for: p1", 52)
+    head = p.table()[0]
+    assert head.endswith("EXIT BARRIER: 2 waiting for p1"), head
+    assert s.waiting_in_exit_barrier == {"p0": ("p1",), "p2": ("p1",)}
+    stopped = warm.teardown_stopped(77, "rank 1, local rank 0", 30, 0)
+    s.line("p1", "worker", f"elastic-worker: {stopped}", 78)
+    s.line(
+        "p0",
+        "worker",
+        "elastic-worker: exit barrier: left after 30.4 s; every node had finished",
+        78.5,
+    )
+    s.line(
+        "p2",
+        "worker",
+        "elastic-worker: exit barrier: left after 60.1 s, its timeout; had not finished: p1",
+        110,
+    )
+    assert "EXIT BARRIER" not in p.table()[0]
+    d = s.as_dict()
+    assert d["exit_barrier"] == {
+        "p0": {"waiting_for": ["p1"], "left_after_seconds": 30.4, "timed_out": False},
+        "p2": {"waiting_for": ["p1"], "left_after_seconds": 60.1, "timed_out": True},
+    }
+    assert d["stopped_in_teardown"] == [
+        {"pod": "p1", "process": "rank 1, local rank 0", "seconds": 30.0, "code": 0}
+    ]
+    text = summary_text(d, Path("/tmp/logs"))
+    assert "exit barrier: p0 waited 30.4s" in text
+    assert "exit barrier: p2 waited 60.1s, its timeout, for p1" in text
+    assert (
+        "teardown:     p1: training process (rank 1, local rank 0) stopped 30s after its "
+        "script returned 0" in text
+    )
+    assert s.pods["p1"].message.startswith("elastic-worker: training process 77")
