@@ -414,6 +414,68 @@ def test_a_users_own_ddp_script_that_prints_nothing_of_ours_gets_a_true_summary(
     assert reform(run, f"kill {pod(1)}")["world_size"] == 2, run.describe()
 
 
+def _at(stdout: str, pattern: str) -> float:
+    """The run's time (s) of the runner's first line matching `pattern`."""
+    found = re.search(rf"^\[\s*([\d.]+)s\] .*{pattern}", stdout, re.M)
+    assert found, f"no line matches {pattern!r}"
+    return float(found[1])
+
+
+#: job.exitBarrierTimeoutSeconds of the teardown scenarios (a warm process gets half).
+EXIT_BARRIER = 20
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("warm_start", [True, False], ids=["warm", "cold"])
+def test_a_users_script_whose_teardown_blocks_completes_within_the_exit_barrier_timeout(
+    tmp_path: Path, warm_start: bool
+) -> None:
+    # tests/e2e/user_script/teardown_blocks.py: DDP over gloo on 3 pods, its process group
+    # never destroyed, and on rank 1 a non-daemon thread that never ends: under torchrun
+    # alone rank 1's process never exits and the others wait 300 s in torch's exit barrier.
+    # With job.exitBarrierTimeoutSeconds=20 the job completes within 20 s (+ slack for a
+    # loaded machine) of the first node's wait: warm, rank 1's process is stopped 10 s after
+    # its script returned and counts as exited 0, so every node finished; cold, the others'
+    # torchrun leave the barrier at 20 s, the job is complete and rank 1's pod is stopped.
+    # (The others' own teardown takes ~4 s here: 20 s leaves them seconds to say whom they
+    # wait for.)
+    run = run_local(
+        tmp_path,
+        command=["python", "/opt/user-script/teardown_blocks.py", "6"],
+        sets=[
+            *USER_SCRIPT_SETS,
+            f"job.exitBarrierTimeoutSeconds={EXIT_BARRIER}",
+            f"job.warmStart.enabled={str(warm_start).lower()}",
+        ],
+        timeout=300,
+    )
+    s = run.summary
+    assert run.rc == 0, run.describe()
+    assert s["completed"] is True and s["error"] == "", run.describe()
+    for name, p in worker_pods(s).items():
+        assert p["exit_code"] == 0, (name, run.describe())
+    logs = {n: run.log(pod(n)) for n in range(3)}
+    assert all(re.search(r"^\[GPU\d\] done$", log, re.M) for log in logs.values()), logs
+    blocked = next(pod(n) for n, log in logs.items() if "[GPU1] done" in log)
+    # The others waited in torch's exit barrier for the blocked pod, and said so.
+    waited = s["exit_barrier"]
+    assert waited and blocked not in waited, run.describe()
+    for name, wait in waited.items():
+        assert wait["waiting_for"] is not None and blocked in wait["waiting_for"], (name, wait)
+    entered = _at(run.stdout, "elastic-worker: exit barrier: this node's training processes")
+    completed = _at(run.stdout, "training complete")
+    assert completed - entered < EXIT_BARRIER + 20, run.timeline("exit barrier", "teardown")
+    if warm_start:
+        (stop,) = s["stopped_in_teardown"]
+        assert (stop["pod"], stop["process"], stop["code"]) == (blocked, "rank 1, local rank 0", 0)
+        assert EXIT_BARRIER / 2 <= stop["seconds"] < EXIT_BARRIER, stop
+        assert all(not w["timed_out"] for w in waited.values()), waited  # all finished
+    else:
+        assert s["stopped_in_teardown"] == []
+        assert any(w["timed_out"] for w in waited.values()), waited
+    assert_cleaned_up(run)
+
+
 def _start_runner(tmp_path: Path) -> tuple[subprocess.Popen[str], list[str]]:
     """The runner in the background; returns it and the lines it printed until the
     worker containers started."""
