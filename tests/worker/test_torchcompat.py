@@ -364,3 +364,90 @@ def test_a_launcher_the_fence_would_not_reach_is_named(
     module = tmp_path / "launcher_api.py"
     module.write_text(source)
     assert torchcompat.exit_barrier_problem(_launcher(module, takes)) == problem
+
+
+# -- a warm child's default process group, kept for its exit (issue 24) -------------------
+
+
+def _dist_names(dist: Any) -> types.SimpleNamespace:
+    """torch.distributed's names the fence reads and sets, on a namespace of their own (the
+    fence then patches the namespace, not the test process's torch)."""
+    return types.SimpleNamespace(
+        destroy_process_group=dist.destroy_process_group,
+        distributed_c10d=types.SimpleNamespace(destroy_process_group=dist.destroy_process_group),
+        group=dist.group,
+    )
+
+
+def test_the_installed_torch_keeps_the_destroyed_default_group_through_the_fence() -> None:
+    """Pinned against torch 2.13: destroy_process_group is distributed_c10d's under both
+    names a script calls it by, group.WORLD is the default group until it is destroyed; the
+    fence's destroy_process_group keeps that group (the first only) and is torch's in all
+    else. Fails loudly when torch moves either (warm/child.py then keeps nothing and the
+    warm server says so once: test_warm.py)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    assert torchcompat.keep_group_problem(dist) is None, torch.__version__
+    assert dist.destroy_process_group is dist.distributed_c10d.destroy_process_group
+    names = _dist_names(dist)
+    kept: list[object] = []
+    torchcompat.keep_destroyed_group(names, kept)
+    patched = names.destroy_process_group
+    assert patched is names.distributed_c10d.destroy_process_group
+    assert patched.__name__ == "destroy_process_group" and patched.__doc__ == (
+        dist.destroy_process_group.__doc__
+    )
+    assert inspect.signature(patched) == inspect.signature(dist.destroy_process_group)
+    firsts = []
+    for _ in range(2):
+        dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+        firsts.append(dist.group.WORLD)
+        assert firsts[-1] is not None
+        patched()
+        assert dist.group.WORLD is None and not dist.is_initialized()  # torch destroyed it
+    assert len(kept) == 1 and kept[0] is firsts[0]  # kept alive: the first one only
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (
+            lambda ns: setattr(ns.distributed_c10d, "destroy_process_group", print),
+            "torch.distributed.destroy_process_group is not distributed_c10d's",
+        ),
+        (
+            lambda ns: delattr(ns, "distributed_c10d"),
+            "torch.distributed.destroy_process_group is not distributed_c10d's",
+        ),
+        (lambda ns: delattr(ns, "group"), "torch.distributed has no group.WORLD"),
+        (
+            lambda ns: setattr(ns, "group", types.SimpleNamespace()),
+            "torch.distributed has no group.WORLD",
+        ),
+    ],
+    ids=["another-destroy", "no-distributed_c10d", "no-group", "no-WORLD"],
+)
+def test_a_torch_distributed_the_group_fence_would_not_reach_is_named(
+    change: Any, problem: str
+) -> None:
+    import torch.distributed as dist  # noqa: PLC0415
+
+    names = _dist_names(dist)
+    change(names)
+    assert torchcompat.keep_group_problem(names) == problem
+
+
+def test_only_the_fence_replaces_or_names_torchs_destroy_process_group_internals() -> None:
+    """distributed_c10d (torch's module behind torch.distributed) is named by the fence
+    alone, and only the fence sets destroy_process_group."""
+    users = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                sets = node.attr == "destroy_process_group" and isinstance(node.ctx, ast.Store)
+                found = sets or node.attr == "distributed_c10d"
+            else:
+                found = isinstance(node, ast.Name) and node.id == "distributed_c10d"
+            if found:
+                users.add(path.relative_to(SRC).as_posix())
+    assert users == {"torchcompat.py"}

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from elastic_worker.settings import config
 from elastic_worker.settings.definitions import BY_NAME
+from elastic_worker.torchcompat import torch_version
 from elastic_worker.warm import server as warm
 from elastic_worker.warm.protocol import warm_command
 from testlib import EtcdServer, free_port, start_etcd
@@ -340,6 +341,45 @@ def test_a_ddp_script_with_a_collective_running_at_its_end_ends_as_under_python_
         for rank, (code, out) in enumerate(results):
             assert code == 0, f"{how}: rank {rank} exit {code} (None: hung)\n{out[-3000:]}"
             assert "returned" in out, (how, rank, out[-3000:])
+
+
+#: Whether the script's destroy_process_group is the fence's (torchcompat.py), which keeps
+#: the destroyed default group for the interpreter's exit.
+KEEPS = "import torch.distributed as d; print(hasattr(d.destroy_process_group, '__wrapped__'))"
+
+
+def test_a_torch_the_group_fence_would_not_reach_is_said_once_and_the_child_keeps_nothing(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A torch whose destroy_process_group the fence does not recognise (here a preloaded
+    module replaced it): the server says so once, in one line naming torch and the
+    shape, and its children leave torch's function as it is."""
+    (tmp_path / "replaces_destroy.py").write_text(
+        "import torch.distributed as d\nd.destroy_process_group = lambda group=None: None\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    handle = warm.start(str(PYTHON), ["torch", "replaces_destroy"], env)
+    try:
+        for _ in range(2):
+            result = run(handle, tmp_path, KEEPS)
+            assert (result.returncode, result.stdout) == (0, "False\n"), result.stderr
+    finally:
+        handle.stop()
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if "default process group" in ln]
+    assert lines == [
+        f"elastic-worker: warm server: torch {torch_version()}: torch.distributed."
+        "destroy_process_group is not distributed_c10d's: a training process's default process "
+        "group is freed when its script drops it, not at its exit as under python -u (a DDP "
+        "script can hang at its end, until its teardown bound: docs/recovery.md)"
+    ]
+
+
+def test_a_child_of_the_pods_server_keeps_the_destroyed_group(
+    pod_server: warm.Handle, tmp_path: Path
+) -> None:
+    """The pod's server (its default preload) hands its children the fence's function."""
+    result = run(pod_server, tmp_path, KEEPS)
+    assert (result.returncode, result.stdout) == (0, "True\n"), result.stderr
 
 
 #: Whether the script's globals are still there when atexit runs (after a collection).

@@ -1,6 +1,7 @@
 """torch's private rendezvous internals, behind one fence: no other module of the worker
 touches them (tests/worker/test_torchcompat.py checks it). At its end, the one reach into
-torch's launcher: the exit barrier's timeout (launch/torchrun.py sets it).
+torch's launcher: the exit barrier's timeout (launch/torchrun.py sets it); and a warm
+child's default process group kept for its interpreter's exit (warm/child.py).
 
 Read from torch/distributed/elastic/rendezvous/dynamic_rendezvous.py of torch 2.1.0 to
 2.14.1, the releases the NGC PyTorch images of 24.01 to 25.12 are built from and after
@@ -26,6 +27,7 @@ round when its keep-alive lapses). A call that still fails raises Unsupported.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import socket
 import threading
@@ -321,3 +323,51 @@ def set_exit_barrier_timeout(timeout: float, api: Any = None) -> None:
             super().__init__(*args, **kwargs)
 
     api.LocalElasticAgent = LocalElasticAgent
+
+
+# -- a warm child's end: its default process group kept for the interpreter's exit ------
+#
+# (issue 24; docs/recovery.md, "The end of a job") Under `python -u`, DDP's constructor
+# first imports torch.distributed.nn.functional after init_process_group, and that
+# module's default arguments (`group=group.WORLD`, evaluated at import) hold the default
+# group until the interpreter finalizes, where its Python object frees it with the GIL
+# released. A warm server imports that module before any group exists (DCP and FSDP
+# import it), so in its child the last owner could be DDP's Reducer, freed with the GIL
+# held as the script's main() returns: ~ProcessGroupGloo then joins a gloo thread that
+# waits for the GIL. warm/child.py keeps the first default group the script destroys, as
+# python -u's defaults would. What this relies on, read in torch 2.13's
+# distributed_c10d.py: `destroy_process_group` is distributed_c10d's, re-exported by
+# torch.distributed (the two names a script calls it by; no other module of torch imports
+# it by name), and `group.WORLD` is the default group, None once destroyed. That its
+# Python object frees it with the GIL released is pinned by running the issue's script
+# (tests/worker/warm/test_warm.py); the shapes by tests/worker/test_torchcompat.py.
+
+
+def keep_group_problem(dist: Any) -> str | None:
+    """Why keep_destroyed_group would not reach this `torch.distributed`; None when it
+    would. Read without running anything: the warm server says it once, after preload."""
+    destroy = getattr(dist, "destroy_process_group", None)
+    c10d = getattr(dist, "distributed_c10d", None)
+    if destroy is None or getattr(c10d, "destroy_process_group", None) is not destroy:
+        return "torch.distributed.destroy_process_group is not distributed_c10d's"
+    if not hasattr(getattr(dist, "group", None), "WORLD"):
+        return "torch.distributed has no group.WORLD"
+    return None
+
+
+def keep_destroyed_group(dist: Any, kept: list[object]) -> None:
+    """From now on the default group the script destroys first is appended to `kept`
+    (whose owner keeps it until the interpreter finalizes) before torch destroys it
+    (after keep_group_problem(dist) said None). torch's function runs as it would, with
+    the arguments it was given; its name, signature and docstring are kept."""
+    destroy = dist.destroy_process_group
+
+    @functools.wraps(destroy)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        world = dist.group.WORLD
+        if world is not None and not kept:
+            kept.append(world)
+        return destroy(*args, **kwargs)
+
+    dist.destroy_process_group = destroy_process_group
+    dist.distributed_c10d.destroy_process_group = destroy_process_group

@@ -7,7 +7,6 @@ freed when the interpreter finalizes, not before (_keep_for_exit says why)."""
 
 from __future__ import annotations
 
-import functools
 import os
 import runpy
 import signal
@@ -17,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from elastic_worker import bundle
+from elastic_worker import bundle, torchcompat
 
 
 def run_program(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
@@ -91,23 +90,12 @@ def _keep_for_exit() -> None:
     freed with the GIL held: ~ProcessGroupGloo then ran when the script's main() returned
     and waited forever for a worker thread that was waiting for the GIL, to free the
     last tensor of a collective it had just finished (pytorch/pytorch#56297; gdb stacks in
-    docs/recovery.md, "The end of a job"). Only torch's public names are used:
-    torch.distributed.destroy_process_group and group.WORLD."""
+    docs/recovery.md, "The end of a job"). What it relies on of torch is torchcompat.py's
+    (keep_destroyed_group); a torch without it keeps nothing here (the server said so)."""
     dist: Any = sys.modules.get("torch.distributed")  # imported by the server, or not at all
-    if dist is None or not dist.is_available():
+    if dist is None or not dist.is_available() or torchcompat.keep_group_problem(dist):
         return
-    destroy = dist.destroy_process_group
-
-    @functools.wraps(destroy)
-    def destroy_process_group(group: Any = None) -> None:
-        world = dist.group.WORLD
-        if world is not None and not _KEPT_GROUP:
-            _KEPT_GROUP.append(world)
-        destroy(group)
-
-    # Both names a script reaches it by (`dist.destroy_process_group`, `from ... import`).
-    dist.destroy_process_group = destroy_process_group
-    dist.distributed_c10d.destroy_process_group = destroy_process_group
+    torchcompat.keep_destroyed_group(dist, _KEPT_GROUP)
 
 
 def _libraries(args: Sequence[str]) -> None:

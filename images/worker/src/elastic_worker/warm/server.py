@@ -38,8 +38,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from elastic_worker import bundle
+from elastic_worker import bundle, torchcompat
 from elastic_worker.warm import child, protocol
 
 logger = logging.getLogger("elastic_worker.warm.server")
@@ -96,6 +97,17 @@ class WarmServer:
             else:
                 done.append(name)
         logger.info("warm server ready: %s imported", ", ".join(done) or "nothing")
+        dist: Any = sys.modules.get("torch.distributed")
+        available = dist is not None and dist.is_available()
+        problem = torchcompat.keep_group_problem(dist) if available else None
+        if problem is not None:  # said once here; each child then keeps nothing (child.py)
+            logger.warning(
+                "warm server: torch %s: %s: a training process's default process group is "
+                "freed when its script drops it, not at its exit as under python -u (a DDP "
+                "script can hang at its end, until its teardown bound: docs/recovery.md)",
+                torchcompat.torch_version(),
+                problem,
+            )
 
     def serve(self) -> None:
         """Until SIGTERM: fork a child per request, report how each ends."""
