@@ -371,6 +371,11 @@ def test_loopback_fallback_without_namespaces_still_trains(tmp_path: Path) -> No
     assert re.search(r"ip 127\.\d+\.\d+\.\d+", run.stdout), run.describe()
 
 
+#: Seconds a node may wait in torch's exit barrier for the others' plain teardown (a DDP
+#: script's takes ~4 s here under load; a hung one is stopped only at 30 s).
+TEARDOWN_SLACK = 15
+
+
 @pytest.mark.slow
 def test_a_users_own_ddp_script_that_prints_nothing_of_ours_gets_a_true_summary(
     tmp_path: Path,
@@ -381,6 +386,8 @@ def test_a_users_own_ddp_script_that_prints_nothing_of_ours_gets_a_true_summary(
     # 35 s after the start (no step to wait for) and stays down 15 s. Whether the kill comes
     # before or after the first round formed, a group of two trains and saves snapshots
     # without pod 1, and the group re-formed when it comes back resumes from one.
+    # Issue 24's run: warm starts (the default), the script destroys its process group and
+    # returns (no os._exit); every training process must end by itself, at once.
     run = run_local(
         tmp_path,
         f"--kill={pod(1)}@35:15",
@@ -405,6 +412,14 @@ def test_a_users_own_ddp_script_that_prints_nothing_of_ours_gets_a_true_summary(
     logs = "".join(run.log(pod(n)) for n in range(3))
     assert "[train]" not in logs
     assert "Resuming training from snapshot at Epoch" in logs, "the script resumed"
+    # Its end (issue 24): no training process hung in its teardown, so the warm server
+    # stopped none (it would after half of job.exitBarrierTimeoutSeconds, 30 s) and no node
+    # waited in torch's exit barrier for long. Before warm/child.py kept the destroyed
+    # default group for the interpreter's exit, a rank hung in ~ProcessGroupGloo here.
+    assert s["stopped_in_teardown"] == [], run.timeline("exit barrier", "teardown")
+    for name, wait in s["exit_barrier"].items():
+        assert not wait["timed_out"], (name, wait, run.timeline("exit barrier", "teardown"))
+        assert (wait["left_after_seconds"] or 0) < TEARDOWN_SLACK, (name, wait)
     assert_cleaned_up(run)
     # Rounds and world sizes come from the worker's attempt lines (docs/contracts.md,
     # images/worker launch/argv.py): this part fails with a worker image that lacks them.
@@ -426,13 +441,27 @@ EXIT_BARRIER = 20
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("warm_start", [True, False], ids=["warm", "cold"])
+@pytest.mark.parametrize(
+    "warm_start",
+    [
+        True,
+        # Cold, the end is torch's exit barrier with the job's timeout alone, which
+        # tests/worker/launch/test_torchrun.py holds a real torchrun to; CI runs warm only.
+        pytest.param(False, marks=pytest.mark.extended),
+    ],
+    ids=["warm", "cold"],
+)
 def test_a_users_script_whose_teardown_blocks_completes_within_the_exit_barrier_timeout(
     tmp_path: Path, warm_start: bool
 ) -> None:
-    # tests/e2e/user_script/teardown_blocks.py: DDP over gloo on 3 pods, its process group
-    # never destroyed, and on rank 1 a non-daemon thread that never ends: under torchrun
-    # alone rank 1's process never exits and the others wait 300 s in torch's exit barrier.
+    # tests/e2e/user_script/teardown_blocks.py: DDP over gloo on 3 pods; on rank 1 a
+    # non-daemon thread that never ends: under torchrun alone rank 1's process never exits
+    # and the others wait 300 s in torch's exit barrier. The others end as a user's script
+    # does (destroy_process_group(), return, a metric's all_reduce still running): they
+    # must end by themselves, warm too (issue 24: before warm/child.py kept the destroyed
+    # group for the interpreter's exit, they hung in ~ProcessGroupGloo as main()'s frame
+    # was freed, inside the script, where the warm server's bound does not reach: rank 1's
+    # node waited for them in the barrier until its timeout, and this test failed).
     # With job.exitBarrierTimeoutSeconds=20 the job completes within 20 s (+ slack for a
     # loaded machine) of the first node's wait: warm, rank 1's process is stopped 10 s after
     # its script returned and counts as exited 0, so every node finished; cold, the others'

@@ -1,12 +1,15 @@
 """A user's DDP script (gloo, CPU) whose end blocks in its teardown on one rank, as a
 script does that a plain `torchrun` leaves hanging; it prints nothing of ours.
 
-- Nothing destroys the process group: its ProcessGroupGloo is left alive for the
-  interpreter's exit (where it is freed, its worker threads joined).
 - Rank 1 leaves a non-daemon thread running (a metrics uploader never told to stop): at
-  its end the interpreter waits for that thread before anything else, forever.
+  its end the interpreter waits for that thread before anything else, forever. Nothing
+  destroys its process group.
+- The other ranks end as a user's DDP script does: the last metric's all_reduce started
+  (async_op, waited for by nobody: rank 1 joins it 2 s later), `destroy_process_group()`,
+  return. Under `python -u` they end at once; in a warm child whose default group's last
+  owner was DDP's Reducer they hung in ~ProcessGroupGloo (issue 24; warm/child.py).
 
-The other ranks end at once. Under `python -u` rank 1 never ends; the job must end anyway.
+Under `python -u` rank 1 never ends; the job must end anyway.
 
     torchrun ... teardown_blocks.py EPOCHS [--epoch-seconds S]
 """
@@ -40,9 +43,16 @@ def main(epochs: int, epoch_seconds: float) -> None:
             optimizer.step()
         print(f"[GPU{rank}] Epoch {epoch}", flush=True)
         time.sleep(epoch_seconds)
+    metric = torch.ones(1)
     if rank == 1:
+        time.sleep(2)
+        dist.all_reduce(metric)
         threading.Thread(target=uploader, name="uploader").start()
+        print(f"[GPU{rank}] done", flush=True)
+        return
+    dist.all_reduce(metric, async_op=True)  # logged by nobody: still running at the return
     print(f"[GPU{rank}] done", flush=True)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
