@@ -265,3 +265,10 @@ def in_order(seq: list[int], want: list[int]) -> bool:
     """`want` is a subsequence of `seq`."""
     it = iter(seq)
     return all(any(x == w for x in it) for w in want)
+
+
+def worker_pods(summary: dict[str, object]) -> dict[str, dict[str, object]]:
+    """The chart's worker pods in a run's summary (not the rendezvous pod)."""
+    pods = summary["pods"]
+    assert isinstance(pods, dict)
+    return {k: v for k, v in pods.items() if "-elastic-job-" in k}

@@ -9,16 +9,11 @@ step so that a loaded machine moves them with the training.
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
 from localrun_e2e import (
     ETCD_POD,
-    ROOT,
     USER_SCRIPT_SETS,
     assert_clean_end,
     assert_cleaned_up,
@@ -29,10 +24,8 @@ from localrun_e2e import (
     reform,
     root_with_namespaces,
     run_local,
-    runner_argv,
+    worker_pods,
 )
-
-from localrun.host.network import remove_stale
 
 # Shared scenario helpers live in localrun_e2e.py, imported by name like tests/testlib.py.
 pytestmark = [
@@ -43,12 +36,6 @@ pytestmark = [
 # Generous bounds: other test suites load the same 2 cores. The measured values are in the
 # JSON summaries (reforms[].seconds) and in the report of the issue.
 REFORM_BOUND = 120.0
-
-
-def worker_pods(summary: dict[str, object]) -> dict[str, dict[str, object]]:
-    pods = summary["pods"]
-    assert isinstance(pods, dict)
-    return {k: v for k, v in pods.items() if "-elastic-job-" in k}
 
 
 @pytest.mark.slow
@@ -369,239 +356,3 @@ def test_loopback_fallback_without_namespaces_still_trains(tmp_path: Path) -> No
     assert_nothing_lost(run, 10)
     assert run.stdout.count("no namespaces (not root, or --loopback): pods share the host") == 1
     assert re.search(r"ip 127\.\d+\.\d+\.\d+", run.stdout), run.describe()
-
-
-#: Seconds a node may wait in torch's exit barrier for the others' plain teardown (a DDP
-#: script's takes ~4 s here under load; a hung one is stopped only at 30 s).
-TEARDOWN_SLACK = 15
-
-
-@pytest.mark.slow
-def test_a_users_own_ddp_script_that_prints_nothing_of_ours_gets_a_true_summary(
-    tmp_path: Path,
-) -> None:
-    # tests/e2e/user_script/multinode.py, in the style of pytorch/examples' DDP tutorial:
-    # gloo, a snapshot on the shared claim, resumed after a restart; no `[train]` line.
-    # It reaches the pods as a hostPath volume. 40 epochs of about 1 s; pod 1 is SIGKILLed
-    # 35 s after the start (no step to wait for) and stays down 15 s. Whether the kill comes
-    # before or after the first round formed, a group of two trains and saves snapshots
-    # without pod 1, and the group re-formed when it comes back resumes from one.
-    # Issue 24's run: warm starts (the default), the script destroys its process group and
-    # returns (no os._exit); every training process must end by itself, at once.
-    run = run_local(
-        tmp_path,
-        f"--kill={pod(1)}@35:15",
-        command=[
-            "python", "/opt/user-script/multinode.py", "40", "1",
-            "--snapshot-path", "/checkpoints/snapshot.pt", "--epoch-seconds", "1",
-        ],
-        sets=USER_SCRIPT_SETS,
-        timeout=360,
-    )  # fmt: skip
-    s = run.summary
-    assert run.rc == 0, run.describe()
-    # From the completion marker in etcd, or the job's scale-down of its etcd that follows it.
-    assert s["completed"] is True, run.describe()
-    assert s["etcd_complete"] in (True, None), run.describe()
-    assert s["rendezvous_scaled_to_zero"] is True, run.describe()
-    assert s["error"] == "", run.describe()
-    assert s["final_step"] is None and s["checkpoint_steps"] == []  # no step detail
-    for name, p in worker_pods(s).items():
-        assert p["exit_code"] == 0, (name, run.describe())
-    assert "exited 137" in run.events()
-    logs = "".join(run.log(pod(n)) for n in range(3))
-    assert "[train]" not in logs
-    assert "Resuming training from snapshot at Epoch" in logs, "the script resumed"
-    # Its end (issue 24): no training process hung in its teardown, so the warm server
-    # stopped none (it would after half of job.exitBarrierTimeoutSeconds, 30 s) and no node
-    # waited in torch's exit barrier for long. Before warm/child.py kept the destroyed
-    # default group for the interpreter's exit, a rank hung in ~ProcessGroupGloo here.
-    assert s["stopped_in_teardown"] == [], run.timeline("exit barrier", "teardown")
-    for name, wait in s["exit_barrier"].items():
-        assert not wait["timed_out"], (name, wait, run.timeline("exit barrier", "teardown"))
-        assert (wait["left_after_seconds"] or 0) < TEARDOWN_SLACK, (name, wait)
-    assert_cleaned_up(run)
-    # Rounds and world sizes come from the worker's attempt lines (docs/contracts.md,
-    # images/worker launch/argv.py): this part fails with a worker image that lacks them.
-    assert s["rendezvous_rounds"] >= 2, run.describe()
-    assert 2 in s["world_sizes"], run.describe()
-    assert "rendezvous round 2: world size" in run.stdout, run.describe()
-    assert reform(run, f"kill {pod(1)}")["world_size"] == 2, run.describe()
-
-
-def _at(stdout: str, pattern: str) -> float:
-    """The run's time (s) of the runner's first line matching `pattern`."""
-    found = re.search(rf"^\[\s*([\d.]+)s\] .*{pattern}", stdout, re.M)
-    assert found, f"no line matches {pattern!r}"
-    return float(found[1])
-
-
-#: job.exitBarrierTimeoutSeconds of the teardown scenarios (a warm process gets half).
-EXIT_BARRIER = 20
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "warm_start",
-    [
-        True,
-        # Cold, the end is torch's exit barrier with the job's timeout alone, which
-        # tests/worker/launch/test_torchrun.py holds a real torchrun to; CI runs warm only.
-        pytest.param(False, marks=pytest.mark.extended),
-    ],
-    ids=["warm", "cold"],
-)
-def test_a_users_script_whose_teardown_blocks_completes_within_the_exit_barrier_timeout(
-    tmp_path: Path, warm_start: bool
-) -> None:
-    # tests/e2e/user_script/teardown_blocks.py: DDP over gloo on 3 pods; on rank 1 a
-    # non-daemon thread that never ends: under torchrun alone rank 1's process never exits
-    # and the others wait 300 s in torch's exit barrier. The others end as a user's script
-    # does (destroy_process_group(), return, a metric's all_reduce still running): they
-    # must end by themselves, warm too (issue 24: before warm/child.py kept the destroyed
-    # group for the interpreter's exit, they hung in ~ProcessGroupGloo as main()'s frame
-    # was freed, inside the script, where the warm server's bound does not reach: rank 1's
-    # node waited for them in the barrier until its timeout, and this test failed).
-    # With job.exitBarrierTimeoutSeconds=20 the job completes within 20 s (+ slack for a
-    # loaded machine) of the first node's wait: warm, rank 1's process is stopped 10 s after
-    # its script returned and counts as exited 0, so every node finished; cold, the others'
-    # torchrun leave the barrier at 20 s, the job is complete and rank 1's pod is stopped.
-    # (The others' own teardown takes ~4 s here: 20 s leaves them seconds to say whom they
-    # wait for.)
-    run = run_local(
-        tmp_path,
-        command=["python", "/opt/user-script/teardown_blocks.py", "6"],
-        sets=[
-            *USER_SCRIPT_SETS,
-            f"job.exitBarrierTimeoutSeconds={EXIT_BARRIER}",
-            f"job.warmStart.enabled={str(warm_start).lower()}",
-        ],
-        timeout=300,
-    )
-    s = run.summary
-    assert run.rc == 0, run.describe()
-    assert s["completed"] is True and s["error"] == "", run.describe()
-    for name, p in worker_pods(s).items():
-        assert p["exit_code"] == 0, (name, run.describe())
-    logs = {n: run.log(pod(n)) for n in range(3)}
-    assert all(re.search(r"^\[GPU\d\] done$", log, re.M) for log in logs.values()), logs
-    blocked = next(pod(n) for n, log in logs.items() if "[GPU1] done" in log)
-    # The others waited in torch's exit barrier for the blocked pod, and said so.
-    waited = s["exit_barrier"]
-    assert waited and blocked not in waited, run.describe()
-    for name, wait in waited.items():
-        assert wait["waiting_for"] is not None and blocked in wait["waiting_for"], (name, wait)
-    entered = _at(run.stdout, "elastic-worker: exit barrier: this node's training processes")
-    completed = _at(run.stdout, "training complete")
-    assert completed - entered < EXIT_BARRIER + 20, run.timeline("exit barrier", "teardown")
-    if warm_start:
-        (stop,) = s["stopped_in_teardown"]
-        assert (stop["pod"], stop["process"], stop["code"]) == (blocked, "rank 1, local rank 0", 0)
-        assert EXIT_BARRIER / 2 <= stop["seconds"] < EXIT_BARRIER, stop
-        assert all(not w["timed_out"] for w in waited.values()), waited  # all finished
-    else:
-        assert s["stopped_in_teardown"] == []
-        assert any(w["timed_out"] for w in waited.values()), waited
-    assert_cleaned_up(run)
-
-
-def _start_runner(tmp_path: Path) -> tuple[subprocess.Popen[str], list[str]]:
-    """The runner in the background; returns it and the lines it printed until the
-    worker containers started."""
-    cmd = [
-        *runner_argv("e2eint"),
-        "--plain",
-        "--output",
-        str(tmp_path / "out"),
-    ]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if sum("container worker started" in ln for ln in lines) >= 3:
-            break
-    return proc, lines
-
-
-def _leftovers(prefix: str) -> list[str]:
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False)
-    found = [ln for ln in netns.stdout.splitlines() if ln.startswith(f"el-{prefix}-")]
-    found += [ln for ln in links.stdout.splitlines() if f" {prefix}br" in ln or f" {prefix}v" in ln]
-    etc = Path("/etc/netns")
-    if etc.is_dir():
-        found += [str(p) for p in etc.glob(f"el-{prefix}-*")]
-    found += [str(p) for p in Path(tempfile.gettempdir()).glob(f"elastic-local-{prefix}-*")]
-    return found
-
-
-def _processes_of(out: Path) -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes()
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"HOSTNAME=e2eint-" in environ or str(out).encode() in cmdline:
-            pids.append(int(proc.name))
-    return pids
-
-
-def _describe(pids: list[int]) -> list[str]:
-    """What each leftover process is: state, parent and command line."""
-    out = []
-    for pid in pids:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        fields = dict(ln.split(":\t", 1) for ln in status.splitlines() if ":\t" in ln)
-        out.append(f"{pid} {fields.get('State', '?')} ppid={fields.get('PPid', '?')} {cmd[:200]}")
-    return out
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_run_removes_everything_it_made(tmp_path: Path, signum: int) -> None:
-    proc, lines = _start_runner(tmp_path)
-    prefix = f"e{proc.pid}"
-    try:
-        assert _leftovers(prefix), "the run made namespaces and links"
-        proc.send_signal(signum)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + signum, "".join(lines) + out
-    assert f"interrupted by signal {int(signum)}" in out
-    assert _leftovers(prefix) == []
-    left = _processes_of(tmp_path / "out")
-    assert left == [], _describe(left)
-
-
-@pytest.mark.slow
-def test_sigkilled_run_takes_its_pods_along_and_the_next_run_cleans_up(tmp_path: Path) -> None:
-    proc, _ = _start_runner(tmp_path)
-    prefix = f"e{proc.pid}"
-    proc.kill()
-    proc.wait(30)
-    deadline = time.monotonic() + 20
-    while _processes_of(tmp_path / "out") and time.monotonic() < deadline:
-        time.sleep(0.5)
-    left = _processes_of(tmp_path / "out")
-    assert left == [], f"containers die with the runner; left: {_describe(left)}"
-    assert _leftovers(prefix), "namespaces of a SIGKILLed run are left until the next run"
-    remove_stale()
-    remaining = [x for x in _leftovers(prefix) if "elastic-local-" not in x]
-    assert remaining == []
