@@ -179,6 +179,32 @@ def test_a_participant_is_read_and_taken_out_and_the_round_moves_on(
     assert state.participants == {} and state.round == 4 and not state.complete
 
 
+def test_the_round_is_read_with_its_ranks_completeness_and_keep_alive(
+    release: tuple[str, ModuleType],
+) -> None:
+    """What recovery/stuckround.py decides on: the round, complete or not, each node's
+    group rank (given at completion) and torch's keep-alive window."""
+    _, dr = release
+    backend = MemoryBackend()
+    now = _now(dr)
+    a, b = dr._NodeDesc("10.0.0.1", 11, 0), dr._NodeDesc("10.0.0.2", 22, 0)
+    _write(
+        dr,
+        backend,
+        round=5,
+        complete=True,
+        participants={a: 0, b: 1},
+        last_heartbeats={a: now, b: now},
+    )
+    view = torchcompat.read_round(_handler(dr, backend))
+    assert (view.round, view.complete) == (5, True)
+    assert dict(view.ranks) == {("10.0.0.1", 11): 0, ("10.0.0.2", 22): 1}
+    assert view.keep_alive == 5 * 3  # keep_alive_interval=5 x torch's default 3 attempts
+    _write(dr, backend, round=6, participants={a: 0}, last_heartbeats={a: now})
+    view = torchcompat.read_round(_handler(dr, backend))
+    assert (view.round, view.complete, dict(view.ranks)) == (6, False, {("10.0.0.1", 11): 0})
+
+
 def test_a_waiting_node_leaves_the_wait_list(release: tuple[str, ModuleType]) -> None:
     _, dr = release
     backend = MemoryBackend()

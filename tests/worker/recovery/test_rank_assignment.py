@@ -71,9 +71,7 @@ def test_a_node_killed_while_ranks_are_assigned_costs_the_survivors_seconds(
     def start(i: int) -> Agent:
         name = f"w{i}"
         args = ["python", str(TRAIN), "--checkpoint-dir", str(tmp_path / "ckpt"), *ARGS]
-        env = worker_env(
-            etcd.endpoint, job, POD_NAME=name, ELASTIC_LOCAL_ADDR=addrs[i], **extra
-        )
+        env = worker_env(etcd.endpoint, job, POD_NAME=name, ELASTIC_LOCAL_ADDR=addrs[i], **extra)
         agent = Agent.start(name, args, env, tmp_path / f"{name}.log")
         agents.append(agent)
         return agent

@@ -7,7 +7,8 @@ another, the end; and the services around torchrun, started and stopped by one o
                  reports) on one ExitStack, then Epochs.run()
     Epochs       torchrun supervised in the current epoch; in the next while torch closed
                  it early (recovery/epochs.py); a lifeline watcher per torchrun; a pod
-                 that was replaced (recovery/fence.py) waits for its kubelet
+                 that was replaced (recovery/fence.py) waits for its kubelet; torchrun
+                 started again in the same epoch when it was stuck (recovery/stuckround.py)
 """
 
 from __future__ import annotations
@@ -308,10 +309,16 @@ def _train(
             return exits.GATE_TIMEOUT
 
 
+#: torchruns in a row stopped as stuck (recovery/stuckround.py) without training before
+#: the pod leaves it to the kubelet: a decision that keeps misfiring must not loop here.
+MAX_STUCK = 5
+
+
 @dataclass
 class Epochs:
     """torchrun in the current rendezvous epoch, and in the next while torch closed it
-    early. `lifelines`: the attempt log, when this pod holds lifelines to its peers
+    early; again in the same one when it was stuck in a round that lost a node.
+    `lifelines`: the attempt log, when this pod holds lifelines to its peers
     (recovery/lifelines/); `leave`: this torch lets a node leave its round at once;
     `unfinished`: who of the round has not finished (lossdetect.py), said while this node
     waits in torch's exit barrier; `reports`: a directory for torchrun's (torchrun.py)."""
@@ -331,12 +338,14 @@ class Epochs:
     unfinished: Unfinished | None = None
     reports: Path | None = None
     _runs: int = field(default=0, init=False)  # torchruns started: one report file each
+    #: the last torchrun stopped as stuck had trained before (StuckRoundWatch)
+    _trained: bool = field(default=False, init=False)
 
     def run(self) -> int:
         cfg, relay, client = self.cfg, self.relay, self.completion.client
         epoch_now = epochs.current(client, cfg)
-        code = 0
-        for reopen in range(epochs.MAX_REOPENS + 1):
+        reopen = stuck = 0
+        while True:
             if relay.stop.is_set():
                 return exits.signalled(signal.SIGTERM)
             rdzv_id = epochs.run_id(cfg, epoch_now)
@@ -350,13 +359,20 @@ class Epochs:
             if self.fence is not None and self.fence.fenced.is_set():
                 relay.stop.wait()  # replaced: out of the job until the kubelet stops the pod
                 return exits.signalled(signal.SIGTERM)
+            if code != 0 and supervisor.restarted is not None and supervisor.signalled is None:
+                # Stuck in a round that lost a node (recovery/stuckround.py): the same
+                # rendezvous again, unless torchruns keep getting stuck without training.
+                stuck = 0 if self._trained else stuck + 1
+                if stuck <= MAX_STUCK:
+                    continue
+                return code
             if code == 0 or supervisor.signalled is not None or reopen == epochs.MAX_REOPENS:
                 return code
             if not epochs.closed_early(cfg, rdzv_id):
                 return code
+            reopen += 1
             epoch_now = epochs.advance(client, cfg, epoch_now)
             self._reopened(rdzv_id, epochs.run_id(cfg, epoch_now))
-        return code
 
     def _supervisor(self, rdzv_id: str) -> Supervisor:
         local_addr = self.ready.local_addr
@@ -407,6 +423,19 @@ class Epochs:
         """The torchrun, with lifelines to the other nodes of each round while it runs."""
         if self.lifelines is None:
             return supervisor.run()
+
+        def on_stuck(reason: str, trained: bool) -> None:
+            self._trained = trained
+            if self._holding():  # recovery/fence.py: this pod may be the one cut off
+                return
+            if supervisor.restart(reason) and self.recorder is not None:
+                self.recorder.record(
+                    "TorchrunRestarted",
+                    f"torchrun was stuck assigning worker ranks: {reason}: started it again "
+                    f"in rendezvous {rdzv_id}",
+                    events.WARNING,
+                )
+
         watcher = lifelines.watch(
             self.cfg,
             rdzv_id,
@@ -416,6 +445,7 @@ class Epochs:
             warm_socket=self.warm_socket,
             on_removed=self._peer_gone(rdzv_id),
             may_act=lambda: not self._holding(),
+            on_stuck=on_stuck,
         )
         if supervisor.leaving is not None:
             supervisor.leaving.via = watcher.leave  # torch is imported there

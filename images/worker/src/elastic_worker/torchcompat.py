@@ -14,9 +14,10 @@ What is used, and since when (unchanged through 2.14.1 unless said):
   which calls `handler(ctx, deadline)` with `ctx.node` and `ctx.state` until FINISH.
 - `_Action.REMOVE_FROM_PARTICIPANTS`, `REMOVE_FROM_WAIT_LIST`, `ERROR_TIMEOUT`, `FINISH`;
   `REMOVE_FROM_REDUNDANCY_LIST` from 2.3 (2.1 and 2.2 have no redundancy list).
-- `_RendezvousState.round`, `participants`, `wait_list`, `last_heartbeats`;
-  `redundancy_list` from 2.3.
-- the handler's `_state_holder` (`.state`, `.sync()`, `.mark_dirty()`) and `_settings`.
+- `_RendezvousState.round`, `complete`, `participants` (node -> rank, the ranks given
+  when the round completes), `wait_list`, `last_heartbeats`; `redundancy_list` from 2.3.
+- the handler's `_state_holder` (`.state`, `.sync()`, `.mark_dirty()`) and `_settings`
+  (`RendezvousSettings.keep_alive_interval`, `keep_alive_max_attempt`).
 
 torch comes from the user's image, so the shapes are checked at start, from the source
 file without importing torch (`problems()`): when one is missing, one line says so and
@@ -32,7 +33,7 @@ import importlib.util
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -52,10 +53,11 @@ RdzvNode = tuple[str, int]
 # members, parameters or attributes set in __init__).
 REQUIRED: dict[str, tuple[str, ...]] = {
     "_NodeDesc": ("addr", "pid", "local_id"),
-    "_RendezvousState": ("round", "participants", "wait_list", "last_heartbeats"),
+    "_RendezvousState": ("round", "complete", "participants", "wait_list", "last_heartbeats"),
     "_Action": ("REMOVE_FROM_PARTICIPANTS", "REMOVE_FROM_WAIT_LIST", "ERROR_TIMEOUT", "FINISH"),
     "_DistributedRendezvousOpExecutor": ("node", "state_holder", "settings", "run"),
     "DynamicRendezvousHandler": ("_state_holder", "_settings"),
+    "RendezvousSettings": ("keep_alive_interval", "keep_alive_max_attempt"),
 }
 #: Used when there (2.3 and later), skipped when not.
 OPTIONAL: dict[str, tuple[str, ...]] = {
@@ -166,15 +168,38 @@ def dynamic_rendezvous() -> ModuleType:
     return dynamic_rendezvous
 
 
-def participants(handler: RendezvousHandler) -> list[RdzvNode]:
-    """The torchruns (address, pid) in the round `handler`'s rendezvous holds now, read
-    (and sanitized) as torch's agents read it."""
+@dataclass(frozen=True)
+class RoundView:
+    """The round a rendezvous holds now: its number, whether it is complete, and the
+    torchruns in it with their group ranks (all 0 until the round completes; then 0 to
+    n - 1, so a gap or fewer nodes than before means one left the completed round);
+    `keep_alive`: the seconds of silence after which torch's agents drop a node
+    (keep_alive_interval x keep_alive_max_attempt)."""
+
+    round: int
+    complete: bool
+    ranks: Mapping[RdzvNode, int]
+    keep_alive: float
+
+
+def read_round(handler: RendezvousHandler) -> RoundView:
+    """The round `handler`'s rendezvous holds now, read (and sanitized) as torch's agents
+    read it."""
     try:
-        holder: Any = handler._state_holder  # type: ignore[attr-defined]
+        h: Any = handler
+        holder, settings = h._state_holder, h._settings
         holder.sync()
-        return [(n.addr, n.pid) for n in holder.state.participants if n.local_id == 0]
+        state = holder.state
+        ranks = {(n.addr, n.pid): int(r) for n, r in state.participants.items() if n.local_id == 0}
+        keep_alive = settings.keep_alive_interval.total_seconds() * settings.keep_alive_max_attempt
+        return RoundView(int(state.round), bool(state.complete), ranks, float(keep_alive))
     except AttributeError as exc:
         raise Unsupported(str(exc)) from None
+
+
+def participants(handler: RendezvousHandler) -> list[RdzvNode]:
+    """The torchruns (address, pid) in the round `handler`'s rendezvous holds now."""
+    return list(read_round(handler).ranks)
 
 
 @dataclass

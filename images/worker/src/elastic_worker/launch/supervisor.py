@@ -11,7 +11,8 @@ to the training processes and waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT for them, whi
 set below the pod's grace period so the whole tree ends before the kubelet's SIGKILL.
 What each end means for the job is completion.py's; leaving the round at a signal is
 recovery/leave.py's. Once its workers succeeded, torchrun waits in torch's exit barrier
-for the other nodes' (ExitBarrier says for whom).
+for the other nodes' (ExitBarrier says for whom). A torchrun stuck waiting for a lost node
+of its round (recovery/stuckround.py) is stopped with `restart()`, and pod.py starts another.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ logger = logging.getLogger(__name__)
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 COMPLETION_POLL = 2.0  # seconds between checks of the marker while torchrun runs
 COMPLETION_GRACE = 15.0  # torchrun's time to end by itself once the job is complete
+#: A stuck torchrun's time to end after SIGTERM (it has no workers: it ends at once).
+RESTART_GRACE = 10.0
 # Seconds in torch's exit barrier before elastic-worker says whom it waits for: nodes
 # that finish together pass it within a second, and say nothing.
 EXIT_BARRIER_SAY = 2.0
@@ -175,6 +178,8 @@ class Supervisor:
         self.fence = fence  # this incarnation's (recovery/fence.py)
         self.proc: subprocess.Popen[bytes] | None = None
         self.signalled: int | None = None
+        #: when restart() stopped this torchrun (time.monotonic()); the pod starts another
+        self.restarted: float | None = None
         self._lock = threading.Lock()
 
     def forward(self, signum: int) -> None:
@@ -193,6 +198,26 @@ class Supervisor:
                 os.kill(proc.pid, signum)
             if self.leaving is not None:
                 self.leaving.at_signal(proc.pid)
+
+    def restart(self, reason: str) -> bool:
+        """Stop this torchrun so that the pod starts another in the same rendezvous: it is
+        stuck in a round that lost a node (`reason`, recovery/stuckround.py). SIGTERM:
+        torch ends its agent without closing the rendezvous (launch_agent: a signal), and
+        its node leaves the round as at any SIGTERM, so the next round forms at once.
+        False, and nothing done, when the pod is stopping or torchrun has ended."""
+        with self._lock:
+            proc = self.proc
+            if self.signalled is not None or self.restarted is not None or proc is None:
+                return False
+            if proc.poll() is not None:
+                return False
+            self.restarted = time.monotonic()
+        logger.warning("torchrun (pid %d) is stuck: %s: starting it again", proc.pid, reason)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        if self.leaving is not None:
+            self.leaving.at_signal(proc.pid)
+        return True
 
     def _stop_torchrun(self) -> None:
         assert self.proc is not None
@@ -217,6 +242,7 @@ class Supervisor:
         proc = self.proc
         complete_since: float | None = None
         next_check = time.monotonic() + self.completion_poll
+        killed = False  # after restart(), once torchrun outlived RESTART_GRACE
         while True:
             try:
                 returncode = proc.wait(timeout=0.5)
@@ -226,6 +252,12 @@ class Supervisor:
             now = time.monotonic()
             if self.exit_barrier is not None:
                 self.exit_barrier.poll()
+            restarted = self.restarted
+            if restarted is not None and now - restarted >= RESTART_GRACE and not killed:
+                killed = True
+                logger.warning("torchrun did not stop within %g s: killing it", RESTART_GRACE)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
             if complete_since is None and now >= next_check and self.signalled is None:
                 next_check = now + self.completion_poll
                 if self.completion.while_running():
@@ -252,6 +284,11 @@ class Supervisor:
             self.completion.after_success()
             return 0
         code = exits.from_returncode(returncode)
+        if self.restarted is not None and self.signalled is None:
+            logger.info("torchrun stopped (exit %d): starting another", returncode)
+            if self.leaving is not None and self.proc is not None:
+                self.leaving.after_exit(self.proc.pid)
+            return code
         if self.signalled is None:
             return self.completion.after_failure(code, seen_complete)
         name = signal.Signals(self.signalled).name

@@ -16,6 +16,7 @@ The reasons (docs/contracts.md, "Events"):
     JobCompleted         Normal   training succeeded (on the StatefulSet: once per job)
     RendezvousReopened   Warning  torch closed the rendezvous early; a fresh one is joined
     PeerGone             Warning  a peer's processes died: this pod took its node out of the round
+    TorchrunRestarted    Warning  torchrun waited for a node that left its new round: started again
 """
 
 from __future__ import annotations

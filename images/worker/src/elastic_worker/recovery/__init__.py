@@ -7,6 +7,8 @@
     lifelines/      a TCP connection to every peer; a closed one takes the node out
     epochs.py       a fresh rendezvous id when torch closed the current one early
     rendezvous.py   torch's public rendezvous API (the handler, is_closed)
+    stuckround.py   a torchrun waiting for a node that left its just-completed round
+                    (while torch assigns worker ranks): stopped and started again
 
 torch's private internals (what leave.py and lifelines/ need) are in ../torchcompat.py.
 """

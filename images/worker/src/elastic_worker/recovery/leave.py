@@ -119,6 +119,12 @@ def participants(handler: RendezvousHandler) -> list[torchcompat.RdzvNode]:
     return torchcompat.participants(handler)
 
 
+def read_round(handler: RendezvousHandler) -> torchcompat.RoundView:
+    """The round `handler`'s rendezvous holds now: its number, whether it is complete and
+    the group rank of each torchrun in it (recovery/stuckround.py)."""
+    return torchcompat.read_round(handler)
+
+
 class Leaving:
     """This pod's node out of its round `rdzv_id` (torchrun's --local-addr `addr`) when the
     pod is told to stop. `via` takes it out given torchrun's pid where torch is imported

@@ -33,6 +33,7 @@ from pathlib import Path
 from elastic_worker.launch.attempt_line import Tail
 from elastic_worker.recovery.lifelines import helper
 from elastic_worker.recovery.lifelines.messages import greeted_pid
+from elastic_worker.recovery.stuckround import StuckRoundWatch
 from elastic_worker.settings.config import Config
 from elastic_worker.torchcompat import RdzvNode
 
@@ -217,17 +218,30 @@ def watch(
     warm_socket: str | None = None,
     on_removed: Callable[[RdzvNode], None] | None = None,
     may_act: Callable[[], bool] = lambda: True,
+    on_stuck: Callable[[str, bool], None] | None = None,
 ) -> LifelineWatcher:
     """Lifelines to the other nodes of each round of `rdzv_id` while this torchrun runs;
     `on_removed(node)` after this pod took a node out (an Event). With `warm_socket` (the
     warm server's), the round is read and a node taken out in a helper forked from it.
-    `may_act()` False: this pod takes nobody out (it may be the one cut off)."""
+    `may_act()` False: this pod takes nobody out (it may be the one cut off).
+    `on_stuck(reason, trained)`: this torchrun waits for a node that left its round before
+    the workers started (recovery/stuckround.py, which reads the round through the same
+    helper); called once, and stopped with the watcher."""
     ops = helper.ops_for(config, rdzv_id, warm_socket)
     addr = local_addr or socket.getfqdn()
 
     def own() -> RdzvNode | None:
         p = pid()
         return None if p is None else (addr, p)
+
+    stuck = None
+    if on_stuck is not None:
+        stuck = StuckRoundWatch(own, ops.round, attempt_log, on_stuck).start()
+
+    def close() -> None:
+        if stuck is not None:
+            stuck.stop()
+        ops.close()
 
     def remove(node: RdzvNode, since: float) -> bool:
         if not may_act():
@@ -244,7 +258,7 @@ def watch(
         ops.participants,
         remove,
         lambda: bool(tail.lines()),
-        close=ops.close,
+        close=close,
         leave=lambda own_pid: ops.leave((addr, own_pid)),
     )
     return watcher.start()

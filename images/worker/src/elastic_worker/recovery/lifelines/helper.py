@@ -1,5 +1,6 @@
-"""The round's participants read and a node taken out of it (torch internals, through
-recovery/leave.py and torchcompat.py), for the lifelines' watcher (client.py).
+"""The round read and a node taken out of it (torch internals, through recovery/leave.py
+and torchcompat.py), for the lifelines' watcher (client.py) and the stuck-round watch
+(recovery/stuckround.py).
 
 With a warm server (warm/: torch imported there) both run in one helper process forked
 from it for the whole torchrun (`python -m elastic_worker.recovery.lifelines.helper ops
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import select
 import subprocess
 import sys
@@ -26,7 +28,7 @@ from elastic_worker.recovery.lifelines import messages
 from elastic_worker.recovery.lifelines.messages import HelperError
 from elastic_worker.settings import config
 from elastic_worker.settings.config import Config
-from elastic_worker.torchcompat import RdzvNode
+from elastic_worker.torchcompat import RdzvNode, RoundView
 from elastic_worker.warm.protocol import CLIENT_MODULE
 
 logger = logging.getLogger(__name__)
@@ -38,6 +40,10 @@ class RoundOps(Protocol):
     """Reads the round's participants and takes a node out of it."""
 
     def participants(self) -> list[RdzvNode]: ...
+
+    def round(self) -> RoundView:
+        """The round now: number, complete, each torchrun's group rank."""
+        ...
 
     def remove(self, node: RdzvNode, since: float) -> bool:
         """Take another pod's node out, dead since `since` (leave.leave_with's guard)."""
@@ -58,6 +64,9 @@ class InProcess:
         leave.preload()
         self._config, self._rdzv_id = config, rdzv_id
         self._handler: list[Any] = []
+        # One torch handler for the lifelines', the stuck-round watch's and the leave's
+        # threads: its state holder is not thread-safe.
+        self._lock = threading.RLock()
 
     def _made(self) -> Any:
         if not self._handler:
@@ -65,13 +74,20 @@ class InProcess:
         return self._handler[0]
 
     def participants(self) -> list[RdzvNode]:
-        return leave.participants(self._made())
+        with self._lock:
+            return leave.participants(self._made())
+
+    def round(self) -> RoundView:
+        with self._lock:
+            return leave.read_round(self._made())
 
     def remove(self, node: RdzvNode, since: float) -> bool:
-        return leave.leave_with(self._made, self._rdzv_id, *node, dead_since=since)
+        with self._lock:
+            return leave.leave_with(self._made, self._rdzv_id, *node, dead_since=since)
 
     def leave(self, node: RdzvNode) -> bool:
-        return leave.leave_with(self._made, self._rdzv_id, *node)
+        with self._lock:
+            return leave.leave_with(self._made, self._rdzv_id, *node)
 
     def close(self) -> None:
         """Nothing to release: torch's handler lives as long as this process."""
@@ -133,6 +149,9 @@ class HelperClient:
     def participants(self) -> list[RdzvNode]:
         return messages.nodes_of(self._ask(messages.participants_request()))
 
+    def round(self) -> RoundView:
+        return messages.round_of(self._ask(messages.round_request()))
+
     def remove(self, node: RdzvNode, since: float) -> bool:
         return bool(self._ask(messages.remove_request(node, since))["removed"])
 
@@ -169,10 +188,10 @@ def ops_for(config: Config, rdzv_id: str, warm_socket: str | None) -> RoundOps:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`ops RDZV_ID`: the lifelines' helper (HelperClient). Reads `participants` (answers
-    {"nodes": [[addr, pid], ...]}), `remove ADDR PID SINCE` (answers {"removed": bool},
-    leave.leave_with with `dead_since` SINCE) and `leave ADDR PID` (the same, this pod's own
-    node) until its input ends; {"error": ...} when one fails. Its settings are
-    elastic-worker's environment (a warm child gets it)."""
+    {"nodes": [[addr, pid], ...]}), `round` (messages.round_reply), `remove ADDR PID SINCE`
+    (answers {"removed": bool}, leave.leave_with with `dead_since` SINCE) and `leave ADDR
+    PID` (the same, this pod's own node) until its input ends; {"error": ...} when one
+    fails. Its settings are elastic-worker's environment (a warm child gets it)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0] != "ops":
         print(
@@ -202,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             if request.kind == "participants":
                 answer = messages.reply(nodes=ops.participants())
+            elif request.kind == "round":
+                answer = messages.round_reply(ops.round())
             elif request.kind == "remove":
                 assert request.node is not None and request.since is not None
                 answer = messages.reply(removed=ops.remove(request.node, request.since))
@@ -215,4 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Without the interpreter's teardown: with torch's rendezvous loaded it took 2-3 s,
+    # and a torchrun started again after a stuck round waits for this helper to end.
+    os._exit(code)

@@ -8,6 +8,8 @@ connection (its process died). docs/contracts.md, "Lifelines".
 The helper, one request per line on its stdin, one JSON line answering each on stdout:
 
     participants              -> {"nodes": [[addr, pid], ...]}
+    round                     -> {"round": R, "complete": bool, "ranks": [[addr, pid, rank], ...],
+                                  "keep_alive": seconds}
     remove ADDR PID SINCE     -> {"removed": bool}   another pod's node, dead since SINCE
     leave ADDR PID            -> {"removed": bool}   this pod's own node (a SIGTERM)
     anything that fails       -> {"error": "..."}
@@ -19,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_worker.torchcompat import RdzvNode
+from elastic_worker.torchcompat import RdzvNode, RoundView
 
 BYE = b"bye\n"  # the only thing a lifeline sends after its greeting
 
@@ -43,6 +45,22 @@ class HelperError(RuntimeError):
 
 def participants_request() -> str:
     return "participants"
+
+
+def round_request() -> str:
+    return "round"
+
+
+def round_reply(view: RoundView) -> str:
+    ranks = [[addr, pid, rank] for (addr, pid), rank in view.ranks.items()]
+    return reply(round=view.round, complete=view.complete, ranks=ranks, keep_alive=view.keep_alive)
+
+
+def round_of(reply: dict[str, Any]) -> RoundView:
+    ranks = {(str(a), int(p)): int(r) for a, p, r in reply["ranks"]}
+    return RoundView(
+        int(reply["round"]), bool(reply["complete"]), ranks, float(reply["keep_alive"])
+    )
 
 
 def remove_request(node: RdzvNode, since: float) -> str:
@@ -70,7 +88,7 @@ def nodes_of(reply: dict[str, Any]) -> list[RdzvNode]:
 
 @dataclass(frozen=True)
 class Request:
-    """One request as the helper reads it: `kind` participants, remove or leave."""
+    """One request as the helper reads it: `kind` participants, round, remove or leave."""
 
     kind: str
     node: RdzvNode | None = None
@@ -80,8 +98,8 @@ class Request:
 def read_request(line: str) -> Request:
     """The request on `line`; ValueError for anything else."""
     words = line.split()
-    if words == ["participants"]:
-        return Request("participants")
+    if words in (["participants"], ["round"]):
+        return Request(words[0])
     if len(words) == 4 and words[0] == "remove":
         return Request("remove", (words[1], int(words[2])), float(words[3]))
     if len(words) == 3 and words[0] == "leave":
