@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+from elastic_worker.recovery.lifelines import messages
 from elastic_worker.recovery.stuckround import StuckRound, StuckRoundWatch
 from elastic_worker.torchcompat import RdzvNode, RoundView
 
@@ -94,3 +95,10 @@ def test_the_watch_reports_once_and_never_while_a_worker_runs(tmp_path: Path) ->
         watch.stop()
         worker.kill()
         worker.wait()
+
+
+def test_the_round_crosses_the_helpers_pipe_unchanged() -> None:
+    """The warm helper answers a `round` request with a JSON line (lifelines/messages.py)."""
+    sent = view(7, {A: 0, ("host-b.svc", 22): 1}, complete=False)
+    assert messages.read_request(messages.round_request()).kind == "round"
+    assert messages.round_of(messages.parse_reply(messages.round_reply(sent))) == sent
