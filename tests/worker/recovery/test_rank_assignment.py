@@ -23,9 +23,10 @@ import pytest
 from elastic_worker.recovery import leave, rendezvous
 from elastic_worker.settings import config
 from elastic_worker.torchcompat import RoundView
-from testlib import EtcdServer, free_port
+from testlib import EtcdServer
 
-from worker.worker_helpers import Agent, backend_etcd, descendants, wait_until, worker_env
+from benches.procs import descendants, free_port
+from worker.worker_helpers import Agent, backend_etcd, wait_until, worker_env
 
 pytestmark = pytest.mark.slow
 
