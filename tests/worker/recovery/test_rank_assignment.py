@@ -68,6 +68,8 @@ def test_a_node_killed_while_ranks_are_assigned_costs_the_survivors_seconds(
     }
     addrs = [f"127.0.0.{11 + i}" for i in range(3)]  # sorted: the first is group rank 0
     agents: list[Agent] = []
+    survivors: list[Agent] = []
+    killed, timeline = 0.0, False
 
     def start(i: int) -> Agent:
         name = f"w{i}"
@@ -109,6 +111,7 @@ def test_a_node_killed_while_ranks_are_assigned_costs_the_survivors_seconds(
         killed = time.monotonic()
         dead.kill()
         survivors = [x for x in agents if x is not dead]
+        timeline = True
         wait_until(
             "both survivors training again",
             lambda: all(
@@ -122,6 +125,11 @@ def test_a_node_killed_while_ranks_are_assigned_costs_the_survivors_seconds(
         for x in survivors:
             assert "stuck" in x.text(), f"{x.name} re-formed by another path:\n{x.text()}"
     finally:
+        if timeline:  # where the seconds went (shown with -s, and on a failure)
+            for x in survivors:
+                for t, line in list(x.lines):
+                    if t >= killed and not line.startswith(("[train] step", " ")):
+                        print(f"{x.name} {t - killed:6.2f} {line[:160]}")
         for agent in agents:
             agent.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
