@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 TRAIN = Path(__file__).resolve().parents[3] / "images" / "worker" / "examples" / "train.py"
 ARGS = ["--steps", "2000", "--checkpoint-every", "5", "--step-seconds", "0.25"]
-#: Seconds from the kill to both survivors training again. Measured 8-16 s with the fix
+#: Seconds from the kill to both survivors training again. Measured 7-17 s with the fix
 #: on 2 loaded cores; without it, torch's store timeout (300 s) and a new epoch.
 REFORM_BOUND = 60.0
 
