@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, TextIO
 
 from elastic_job_cli import joblist, jobstate, logs, output, pricing, timeline
 from elastic_job_cli import objects as o
-from elastic_job_cli.kube import EXIT_USAGE, CommandError, Kube, WatchEvent, connect
+from elastic_job_cli.kube import EXIT_USAGE, CommandError, Kube, connect
 from elastic_job_cli.options import DEFAULT_REQUEST_TIMEOUT, Access, DurationError
 from elastic_job_cli.options import request_timeout as parse_timeout
+from elastic_job_cli.responses import WatchEvent
 
 if TYPE_CHECKING:
-    from elastic_job_cli.kube import RawCall
+    from elastic_job_cli.responses import RawCall
 
 PACKAGE = "elastic-job-cli"
 

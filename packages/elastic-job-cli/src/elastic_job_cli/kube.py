@@ -5,9 +5,9 @@ request, and every failure turned into one line that says what to do.
 
 Objects are read as plain JSON dicts (`_preload_content=False`), the shapes the API serves,
 so the pure modules (jobstate, timeline, pricing, joblist) take exactly what a cluster
-returns. The client is untyped: what it answers is checked here, once, into the shapes the
-command reads (ObjectList, WatchEvent); a body of another shape is one error, not a
-KeyError later.
+returns. The client is untyped: what it answers is checked once (responses.py) into the
+shapes the command reads (ObjectList, WatchEvent); a body of another shape is one error
+here, not a KeyError later.
 
 Timeouts: every request gets (connect, read) = (t, t) through the client's documented
 `_request_timeout` (a float alone is ignored by clients before 36, so the tuple is the
@@ -22,11 +22,11 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, TypedDict, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import urllib3
 from kubernetes import client, config, watch  # type: ignore[import-untyped]
@@ -37,6 +37,7 @@ from elastic_job_cli import kubeconfig, promtext
 from elastic_job_cli import objects as o
 from elastic_job_cli.objects import Obj, Release
 from elastic_job_cli.options import Access, seconds_text
+from elastic_job_cli.responses import ObjectList, WatchEvent, object_list, watch_event
 
 if TYPE_CHECKING:
     from typing import Self
@@ -44,9 +45,7 @@ if TYPE_CHECKING:
     from urllib3.connectionpool import ConnectionPool
     from urllib3.response import BaseHTTPResponse
 
-    #: A client method called with `_preload_content=False`: it answers the urllib3
-    #: response, unread (the client's own typing says nothing; this is what it returns).
-    RawCall = Callable[..., BaseHTTPResponse]
+    from elastic_job_cli.responses import RawCall
 
 _T = TypeVar("_T")
 
@@ -63,25 +62,6 @@ METRICS_TIMEOUT = 5.0
 #: Pods whose metrics are read at once (`list` reads every pod of every job); below the
 #: client's connection pool (5 per CPU) so that no connection is thrown away.
 METRICS_PARALLEL = 8
-
-
-class ListMeta(TypedDict, total=False):
-    resourceVersion: str
-
-
-class ObjectList(TypedDict):
-    """A list the API server serves (StatefulSetList, PodList, EventList, NodeList): what
-    the command reads of it."""
-
-    metadata: ListMeta
-    items: list[Obj]
-
-
-class WatchEvent(TypedDict):
-    """One change of a watch: ADDED, MODIFIED, DELETED (or ERROR) and the object as served."""
-
-    type: str
-    object: Obj
 
 
 class CommandError(Exception):
@@ -134,55 +114,6 @@ def _no_read_timeout(resp: BaseHTTPResponse) -> BaseHTTPResponse:
     if sock is not None:
         sock.settimeout(None)
     return resp
-
-
-def _mapping(data: object) -> Mapping[str, object] | None:
-    if isinstance(data, Mapping) and all(isinstance(k, str) for k in data):
-        return data
-    return None
-
-
-def _objects(data: object) -> list[Obj] | None:
-    """`data` as a list of objects (JSON objects), or None. `null` is none: Go encodes an
-    empty slice so."""
-    if data is None:
-        return []
-    if not isinstance(data, list):
-        return None
-    items: list[Obj] = []
-    for item in data:
-        if not isinstance(item, dict):
-            return None
-        items.append(item)
-    return items
-
-
-def object_list(data: object) -> ObjectList | None:
-    """A decoded list body as the command reads it, or None when it is not one (no `items`
-    list of objects)."""
-    body = _mapping(data)
-    items = None if body is None or "items" not in body else _objects(body["items"])
-    if body is None or items is None:
-        return None
-    meta = _mapping(body.get("metadata")) or {}
-    version = meta.get("resourceVersion")
-    return {
-        "metadata": {"resourceVersion": version} if isinstance(version, str) else {},
-        "items": items,
-    }
-
-
-def watch_event(data: object) -> WatchEvent | None:
-    """A change the client's Watch yields (a dict; `raw_object` the object as served,
-    where the client also made its own model of it), or None when it is not one."""
-    change = _mapping(data)
-    if change is None:
-        return None
-    kind = change.get("type")
-    obj = change.get("raw_object") or change.get("object")
-    if not isinstance(kind, str) or not isinstance(obj, dict):
-        return None
-    return {"type": kind, "object": obj}
 
 
 class Kube:
