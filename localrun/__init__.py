@@ -12,6 +12,7 @@ Layers (localrun/README.md has the map, module by module):
                 scheduler, kubelet on an injected container runtime; knows no chart
     host/       this machine's runtime: namespaces, DNS files, processes, mountpoints
     chart.py    everything the local run knows about the elastic-job chart
+    lines.py    the lines its pods print, and their one parser (parse_line)
     state.py    the run state (one parser feeds it; view.py and the summary read it)
     cli.py      the command line and the fault grammar; faults.py what faults do
     run.py      one run (runsetup.py, runend.py, runbase.py); render.py helm template

@@ -1,4 +1,4 @@
-"""The run state: what the run knows, fed by the pods' lines (chart.parse_line), the
+"""The run state: what the run knows, fed by the pods' lines (lines.parse_line), the
 cluster's pods, the faults and the completion marker; read by the live view (view.py)
 and written as the `--json` summary.
 
@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localrun.chart import (
+from localrun.cluster.pod import Pod
+from localrun.lines import (
     Attempt,
     ExitBarrier,
     Restore,
@@ -37,7 +38,6 @@ from localrun.chart import (
     WorkerMessage,
     parse_line,
 )
-from localrun.cluster.pod import Pod
 
 #: Seconds between the attempt lines of one round's members, at most (they start together).
 ROUND_SKEW = 10.0

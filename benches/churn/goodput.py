@@ -21,7 +21,7 @@ from benches.churn.profiles import (
 )
 from benches.procs import wait_quiet
 from benches.stats import summary_cut
-from localrun.chart import parse_train_line
+from localrun.lines import parse_train_line
 
 #: Seconds after the run's start of the first loss of the goodput figure.
 GOODPUT_FIRST_LOSS = 60.0

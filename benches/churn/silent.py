@@ -14,7 +14,7 @@ from benches.churn.localrun import LocalRun, done, pod
 from benches.churn.profiles import SCRIPTS, SILENT_PROFILES, merged
 from benches.procs import wait_quiet
 from benches.stats import summary_cut
-from localrun.chart import parse_attempt_line
+from localrun.lines import parse_attempt_line
 
 #: Seconds after the run's start when the link goes down: the three train by then.
 SILENT_CUT_AT = 50.0

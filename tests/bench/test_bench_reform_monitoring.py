@@ -9,9 +9,9 @@ from pathlib import Path
 from testlib import ROOT
 
 from benches.reform_monitoring import MODES, VICTIM, kill_reform_seconds, mode_lines
-from localrun.chart import parse_line
 from localrun.cli import build_parser, parse_pod_fault
 from localrun.faults import FaultKind
+from localrun.lines import parse_line
 from localrun.render import render
 from localrun.state import RunState
 

@@ -18,7 +18,7 @@ from elastic_worker.warm import server as warm
 from testlib import EtcdServer
 
 from localrun import chart
-from localrun.chart import (
+from localrun.lines import (
     Attempt,
     ExitBarrier,
     TeardownStopped,
@@ -27,7 +27,7 @@ from localrun.chart import (
     parse_attempt_line,
     parse_line,
 )
-from localrun.chart import parse_train_line as parse_train
+from localrun.lines import parse_train_line as parse_train
 
 
 def _labels(component: str, group: str | None = None) -> dict[str, str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from elastic_worker.warm import server as warm
 
-from localrun.chart import TrainEvent
+from localrun.lines import TrainEvent
 from localrun.state import RunState
 from localrun.view import Progress, summary_text
 
