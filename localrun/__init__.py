@@ -14,6 +14,7 @@ Layers (localrun/README.md has the map, module by module):
     chart.py    everything the local run knows about the elastic-job chart
     lines.py    the lines its pods print, and their one parser (parse_line)
     state.py    the run state (one parser feeds it; view.py and the summary read it)
+    records.py  the state's records: a re-form, a pod, an exit-barrier wait, a round
     cli.py      the command line and the fault grammar; faults.py what faults do
     run.py      one run (runsetup.py, runend.py, runbase.py); render.py helm template
 """
