@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from elastic_worker import completion, exits, pod
+from elastic_worker import completion, exits, torchruns
 from elastic_worker.completion import Completion
 from elastic_worker.gate.ready import Ready
 from elastic_worker.keystore import etcdv2
@@ -134,7 +134,7 @@ def test_a_sigterm_just_before_torchrun_starts_starts_no_torchrun(
     pass it on (seen in the e2e: a pod recreated at the job's end ran on unsignalled until
     its grace period ended in SIGKILL). It must end the pod, not start torchrun."""
     cfg = _config(etcd, "late-term")
-    relay = pod.Relay(threading.Event())
+    relay = torchruns.Relay(threading.Event())
     real_build_argv = launch.build_argv
 
     def signal_arrives(*args: object, **kwargs: object) -> list[str]:
@@ -147,5 +147,5 @@ def test_a_sigterm_just_before_torchrun_starts_starts_no_torchrun(
     monkeypatch.setattr(launch, "build_argv", signal_arrives)
     monkeypatch.setattr(Supervisor, "run", must_not_run)
     ready = Ready(None, "127.0.0.1", None)
-    code = pod.Epochs(cfg, Completion(kvstore.connect(cfg), cfg), ready, relay, env={}).run()
+    code = torchruns.Epochs(cfg, Completion(kvstore.connect(cfg), cfg), ready, relay, env={}).run()
     assert code == exits.signalled(signal.SIGTERM)

@@ -5,6 +5,8 @@ pod's life:
     main.py          arguments and environment -> one Config and the key store; pod.run
     pod.py           the pod's life: gate -> torchrun epoch after epoch -> end; its
                      services started and stopped by one owner (an ExitStack)
+    torchruns.py     torchrun run after run, one per rendezvous epoch (Epochs), and the
+                     signal relay to the running one (Relay)
     exits.py         the exit codes
     image.py         what the image must have (Python, torch), checked at the start
     bundle.py        the worker injected into a user's image: the bundle's layout, and

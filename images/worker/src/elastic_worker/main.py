@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from elastic_worker import exits, image, pod
+from elastic_worker import exits, image, pod, torchruns
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.launch.supervisor import FORWARDED_SIGNALS
 from elastic_worker.settings import config
@@ -35,7 +35,7 @@ def setup_logging(debug: bool = False) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     setup_logging()
-    relay = pod.Relay()
+    relay = torchruns.Relay()
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, relay)
     try:

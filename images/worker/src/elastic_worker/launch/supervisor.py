@@ -12,7 +12,8 @@ set below the pod's grace period so the whole tree ends before the kubelet's SIG
 What each end means for the job is completion.py's; leaving the round at a signal is
 recovery/leave.py's. Once its workers succeeded, torchrun waits in torch's exit barrier
 for the other nodes' (ExitBarrier says for whom). A torchrun stuck waiting for a lost node
-of its round (recovery/stuckround.py) is stopped with `restart()`, and pod.py starts another.
+of its round (recovery/stuckround.py) is stopped with `restart()`, and torchruns.py starts
+another.
 """
 
 from __future__ import annotations

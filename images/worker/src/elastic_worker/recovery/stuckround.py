@@ -29,7 +29,7 @@ reads the round (lifelines/helper.py) and decides (StuckRound):
 
 Then the pod stops that torchrun (SIGTERM: torch ends its agent without closing the
 rendezvous), takes its node out of the round as at a SIGTERM (recovery/leave.py) and
-starts another in the same rendezvous (pod.py): the others do the same, and the next
+starts another in the same rendezvous (torchruns.py): the others do the same, and the next
 round forms without the lost node, within seconds.
 """
 
