@@ -1,7 +1,7 @@
 """The mini-cluster: one controller per concern, run in turn by `reconcile`.
 
     StatefulSet controller  statefulset.py  pods at each set's replicas, recreation
-    admission               nodelifecycle   the default not-ready/unreachable tolerations
+    admission               tolerations     the default not-ready/unreachable tolerations
     scheduler               scheduler.py    a node for each pending pod
     kubelet                 kubelet.py      sandboxes, containers, back-off, deletion; a
                                             node's kubelet stopped and back
@@ -21,11 +21,12 @@ from typing import Any
 
 from localrun.cluster.dns import PodRecord, ServiceRecord, dns_table
 from localrun.cluster.kubelet import Kubelet, KubeletConfig, PodEvents
-from localrun.cluster.nodelifecycle import NodeLifecycle, NodeTimings, admitted_tolerations
+from localrun.cluster.nodelifecycle import NodeLifecycle, NodeTimings
 from localrun.cluster.pod import NODE_SHUTDOWN, Disruption, Phase, Pod
 from localrun.cluster.runtime import ContainerRuntime
 from localrun.cluster.scheduler import choose_node
 from localrun.cluster.statefulset import StatefulSet, StatefulSetController
+from localrun.cluster.tolerations import admitted_tolerations
 from localrun.cluster.volumes import VolumeSources
 
 Obj = dict[str, Any]

@@ -13,11 +13,13 @@ admission, as data (the Node objects, their conditions and taints) and one contr
                           statuses stay as the kubelet last posted them)
     taint eviction        a pod on a node with a NoExecute taint it does not tolerate is
                           deleted at once; one it tolerates for N s, N s after the taint
-                          was added (DisruptionTarget DeletionByTaintManager). Deleted
-                          means a deletionTimestamp: the pod is Terminating until its
-                          kubelet confirms, so on a node that is down it stays so
+                          was added (DisruptionTarget DeletionByTaintManager; the rule in
+                          tolerations.py). Deleted means a deletionTimestamp: the pod is
+                          Terminating until its kubelet confirms, so on a node that is
+                          down it stays so
     DefaultTolerationSeconds   a pod created without a toleration of not-ready or
-                          unreachable NoExecute gets one of 300 s (admission, at creation)
+                          unreachable NoExecute gets one of 300 s (admission, at creation:
+                          tolerations.py)
     pod GC                every 20 s: pods bound to a Node that has been gone for 40 s
                           (its quarantine) are force-deleted (DeletionByPodGC); Terminating
                           pods on a node that is not Ready and carries the
@@ -43,10 +45,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from localrun.cluster.tolerations import NOT_READY, UNREACHABLE, eviction_delay
+
 Obj = dict[str, Any]
 
-NOT_READY = "node.kubernetes.io/not-ready"
-UNREACHABLE = "node.kubernetes.io/unreachable"
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 #: The conditions a silent kubelet's node gets as Unknown (NetworkUnavailable is the
 #: control plane's own and is left alone, as upstream does).
@@ -80,68 +82,6 @@ class NodeTimings:
 
 def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-# -- admission ----------------------------------------------------------------------------
-
-
-def admitted_tolerations(tolerations: Iterable[Obj], timings: NodeTimings) -> list[Obj]:
-    """The pod's tolerations as DefaultTolerationSeconds leaves them at creation: one of
-    not-ready and one of unreachable (NoExecute, Exists, 300 s by default) unless it has
-    one already (that key or none, NoExecute or every effect)."""
-    out = [dict(t) for t in tolerations]
-
-    def has(key: str) -> bool:
-        return any(
-            t.get("key", "") in ("", key) and t.get("effect", "") in ("", "NoExecute") for t in out
-        )
-
-    for key, seconds in (
-        (NOT_READY, timings.not_ready_toleration),
-        (UNREACHABLE, timings.unreachable_toleration),
-    ):
-        if not has(key):
-            out.append(
-                {
-                    "key": key,
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": seconds,
-                }
-            )
-    return out
-
-
-def tolerates(toleration: Obj, taint: Obj) -> bool:
-    """Whether one toleration matches one taint (key, operator, value, effect)."""
-    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
-        return False
-    key = toleration.get("key", "")
-    if toleration.get("operator") == "Exists":
-        return not key or key == taint.get("key")
-    return key == taint.get("key") and str(toleration.get("value", "")) == str(
-        taint.get("value", "")
-    )
-
-
-def eviction_delay(tolerations: Iterable[Obj], taints: Iterable[Obj]) -> float | None:
-    """Seconds a pod may stay after NoExecute `taints` were added: 0 when one is not
-    tolerated, None when all are tolerated for ever (taint eviction's rule: the shortest
-    tolerationSeconds of the tolerations used)."""
-    used: list[Obj] = []
-    for taint in taints:
-        if taint.get("effect") != "NoExecute":
-            continue
-        matching = [t for t in tolerations if tolerates(t, taint)]
-        if not matching:
-            return 0.0
-        used += matching
-    bounded = [
-        float(t["tolerationSeconds"]) for t in used if t.get("tolerationSeconds") is not None
-    ]
-    if not bounded:
-        return None
-    return max(0.0, min(bounded))
 
 
 # -- the Node object ------------------------------------------------------------------------

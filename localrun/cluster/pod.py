@@ -119,7 +119,7 @@ class Pod:
     deleted_at: float | None = None
     last_run: Termination | None = None  # the main container's last run that ended
     disruption: Disruption | None = None  # the DisruptionTarget condition, once set
-    #: As admission left them at creation (nodelifecycle.admitted_tolerations).
+    #: As admission left them at creation (tolerations.admitted_tolerations).
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     #: Wall-clock time the node lifecycle controller set the pod's Ready condition False
     #: because its node is not Ready (its kubelet cannot report); None: it did not.

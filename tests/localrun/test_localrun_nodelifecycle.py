@@ -12,18 +12,20 @@ from localrun_fakes import NODES, Harness, statefulset
 
 from localrun.cluster.kubelet import RELIST
 from localrun.cluster.nodelifecycle import (
-    NOT_READY,
     OUT_OF_SERVICE,
-    UNREACHABLE,
     NodeTimings,
-    admitted_tolerations,
-    eviction_delay,
     node_events,
     ready_status,
     taints,
 )
 from localrun.cluster.pod import Phase, Pod
 from localrun.cluster.podobject import lifecycle_events, pod_object
+from localrun.cluster.tolerations import (
+    NOT_READY,
+    UNREACHABLE,
+    admitted_tolerations,
+    eviction_delay,
+)
 
 #: Shortened as a test run shortens them: NotReady 10 s after the kubelet stopped, looked
 #: at every second, the default tolerations 30 s, pod GC every 2 s after a 4 s quarantine.
