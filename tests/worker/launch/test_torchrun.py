@@ -1,5 +1,5 @@
 """launch/torchrun.py: torch's own torchrun, with the job's exit barrier timeout (set
-through torchcompat.py's fence, pinned in tests/worker/test_torchcompat.py) and the moment
+through torchcompat.py's fence, pinned in tests/worker/test_torchcompat_launch.py) and the moment
 its worker group succeeded reported. Real torchrun (gloo, CPU) and real etcd."""
 
 from __future__ import annotations

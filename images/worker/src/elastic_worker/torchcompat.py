@@ -365,7 +365,7 @@ def set_exit_barrier_timeout(timeout: float, api: Any = None) -> None:
 # torch.distributed (the two names a script calls it by; no other module of torch imports
 # it by name), and `group.WORLD` is the default group, None once destroyed. That its
 # Python object frees it with the GIL released is pinned by running the script
-# (tests/worker/warm/test_warm.py); the shapes by tests/worker/test_torchcompat.py.
+# (tests/worker/warm/test_warm_end.py); the shapes by tests/worker/test_torchcompat_launch.py.
 
 
 def keep_group_problem(dist: Any) -> str | None:
