@@ -20,7 +20,6 @@ from init_topology.mapping import (
     ZONE,
     build_variables,
     capacity_type,
-    gpus,
     nccl_defaults,
     node_variables,
     provider,
@@ -292,24 +291,6 @@ def test_capacity_type_from_each_provisioners_labels(labels: dict[str, str], exp
     assert capacity_type(labels) == expected
 
 
-def test_gpu_count_prefers_allocatable_then_discovery_labels() -> None:
-    labels = {"nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.count": "4"}
-    assert gpus(labels, {"nvidia.com/gpu": "2"}) == ("NVIDIA-L4", "2")
-    assert gpus(labels, {}) == ("NVIDIA-L4", "4")
-    assert gpus({}, {"nvidia.com/gpu": "0"}) == ("", "0")
-    assert gpus({"karpenter.k8s.aws/instance-gpu-count": "1"}, {}) == ("", "1")
-
-
-def test_gpu_model_from_coreweaves_gpu_class_label() -> None:
-    """CoreWeave's gpu.nvidia.com/class names the model when feature discovery does not."""
-    assert gpus({"gpu.nvidia.com/class": "H100_NVLINK_80GB"}, {"nvidia.com/gpu": "8"}) == (
-        "H100_NVLINK_80GB",
-        "8",
-    )
-    both = {"gpu.nvidia.com/class": "H100_NVLINK_80GB", "nvidia.com/gpu.product": "NVIDIA-H100"}
-    assert gpus(both, {})[0] == "NVIDIA-H100"
-
-
 @pytest.mark.parametrize(
     ("labels", "provider_id", "region", "zone"),
     [
@@ -339,14 +320,6 @@ def test_zone_and_region_from_a_gce_provider_id_without_topology_labels(
     node["spec"]["providerID"] = provider_id
     got = node_variables("n", node)
     assert (got["NODE_REGION"], got["NODE_ZONE"]) == (region, zone)
-
-
-def test_gpu_model_prefers_feature_discovery_over_provider_labels() -> None:
-    labels = {
-        "cloud.google.com/gke-accelerator": "nvidia-l4",
-        "nvidia.com/gpu.product": "NVIDIA-L4",
-    }
-    assert gpus(labels, {})[0] == "NVIDIA-L4"
 
 
 @pytest.mark.parametrize(
