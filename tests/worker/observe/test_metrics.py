@@ -6,19 +6,15 @@ follower in observe/test_attempts.py."""
 from __future__ import annotations
 
 import contextlib
-import re
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 from elastic_worker.launch.attempt_line import AttemptLine as Attempt
 from elastic_worker.launch.attempt_line import parse_attempt
 from elastic_worker.observe.metrics import (
-    LABELS,
     STATES,
     Identity,
     JobMetrics,
@@ -29,9 +25,9 @@ from elastic_worker.observe.metrics import (
 from elastic_worker.settings import config
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from testlib import EtcdServer
+from testlib import EtcdServer, free_port
 
-from worker.worker_helpers import ROOT, TRAIN, Agent, wait_until, worker_env
+from worker.worker_helpers import TRAIN, Agent, wait_until, worker_env
 
 WHO = Identity("default-run42", "workers")
 
@@ -275,12 +271,6 @@ def test_progress_lines(line: str, step: int | None) -> None:
     assert parse_progress(line) == step
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def get_metrics(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         return values(resp.read().decode())
@@ -298,18 +288,6 @@ def test_the_metrics_are_served_over_http() -> None:
     finally:
         server.shutdown()
         server.server_close()
-
-
-def test_prometheus_client_is_pinned_alike_in_the_venv_the_package_and_the_image() -> None:
-    pin = re.search(
-        r"^prometheus-client==(\S+)$", (ROOT / "requirements/dev.txt").read_text(), re.M
-    )
-    assert pin, "requirements/dev.txt must pin prometheus-client"
-    assert version("prometheus-client") == pin[1]
-    assert f'"prometheus-client=={pin[1]}"' in (ROOT / "images/worker/pyproject.toml").read_text()
-    dockerfile = (ROOT / "images/worker/Dockerfile").read_text()
-    assert f"ARG PROMETHEUS_CLIENT_VERSION={pin[1]}\n" in dockerfile
-    assert '"prometheus-client==${PROMETHEUS_CLIENT_VERSION}"' in dockerfile
 
 
 Started = list[tuple[Agent, int]]
@@ -460,10 +438,3 @@ def test_metrics_off_sets_no_files_for_torchrun(
     assert ("ELASTIC_ATTEMPT_LOG" in names) is (loss_detection == "true")
     assert ("ELASTIC_PROGRESS_FILE" in names) is (loss_detection == "true")
     assert "metrics on port" not in agent.text()
-
-
-def test_the_contract_names_exactly_the_labels_the_series_carry() -> None:
-    """docs/contracts.md "Metrics": "Every series has exactly the labels ..." lists LABELS."""
-    text = (ROOT / "docs" / "contracts.md").read_text()
-    sentence = text.split("Every series has exactly the labels", 1)[1].split("names of our own")[0]
-    assert re.findall(r"`([a-z_]+)`", sentence) == list(LABELS), sentence
