@@ -6,9 +6,7 @@ from __future__ import annotations
 import re
 from importlib.metadata import version
 
-from elastic_worker.observe.metrics import (
-    LABELS,
-)
+from elastic_worker.observe.metrics import LABELS
 
 from worker.worker_helpers import ROOT
 
