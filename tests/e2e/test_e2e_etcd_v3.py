@@ -95,8 +95,10 @@ def test_etcd_v3_sigkill_one_pod_reforms_at_two_resumes_and_grows_back(tmp_path:
     print(f"etcd-v3: re-form after SIGKILL of {pod(1)}: {kill['seconds']} s")
     assert kill["world_size"] == 2, run.describe()
     assert kill["seconds"] is not None and kill["seconds"] < REFORM_BOUND, kill
-    assert kill["resumed_step"] in s["checkpoint_steps"], kill
-    assert kill["steps_lost"] <= 5, kill
+    # train.py keeps snapshots: the survivors resume at the step before the kill, from
+    # memory, as in the etcd-v2 scenario (was: the last checkpoint)
+    assert kill["state_from"] in ("peer-memory", "local-memory"), kill
+    assert kill["steps_lost"] == 0, kill
     assert in_order(s["world_sizes"], [3, 2, 3]), run.describe()
     assert_taken_out_by_lifeline(run, pod(1), [pod(0), pod(2)])
     log1 = run.log(pod(1))
