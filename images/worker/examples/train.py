@@ -52,10 +52,25 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from elastic_snapshot import Restored, Snapshots
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
+
+try:  # in the worker image; not in an image of the user's own (worker.entrypoint=injected)
+    from elastic_snapshot import Restored, Snapshots
+except ImportError as exc:  # then the checkpoint alone, said once
+    SNAPSHOTS_MISSING: str | None = str(exc)
+    from typing import NamedTuple
+
+    class Restored(NamedTuple):  # type: ignore[no-redef]  # the library's fields
+        step: int
+        data_position: object
+        source: str
+        lost: int | None
+        seconds: float
+
+else:
+    SNAPSHOTS_MISSING = None
 
 EXIT_PEER_LEAVING = 75
 LATEST = "latest"
@@ -274,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # The newest state: the survivors' memory, or the checkpoint when it is newer. Rank 0's
     # view of `latest` counts (the file may change under us).
-    snap = Snapshots(model, optim, exit_on_signal=False) if args.snapshots else None
+    if args.snapshots and SNAPSHOTS_MISSING is not None:
+        print(f"[train] no snapshots ({SNAPSHOTS_MISSING}): the checkpoint alone", flush=True)
+    use = args.snapshots and SNAPSHOTS_MISSING is None
+    snap = Snapshots(model, optim, exit_on_signal=False) if use else None
     restored = (snap or Checkpoints(device)).restore(
         read_latest(root) if rank == 0 else None,
         lambda step: load_checkpoint(root, step, model, optim),
