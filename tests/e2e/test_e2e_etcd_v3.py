@@ -64,6 +64,7 @@ def assert_v3_only(log: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI budget: a variant; the backend/TLS is covered by the SIGKILL scenario
 def test_etcd_v3_three_pods_complete_on_an_etcd_without_v2(tmp_path: Path) -> None:
     run = run_local(tmp_path, command=probe_command(20, 5), sets=V3_SETS)
     assert run.rc == 0, run.describe()
@@ -110,6 +111,7 @@ def test_etcd_v3_sigkill_one_pod_reforms_at_two_resumes_and_grows_back(tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI budget: a variant; the backend/TLS is covered by the SIGKILL scenario
 def test_etcd_v3_sigterm_spot_reclaim_checkpoints_and_loses_at_most_one_step(
     tmp_path: Path,
 ) -> None:
@@ -136,6 +138,7 @@ def test_etcd_v3_sigterm_spot_reclaim_checkpoints_and_loses_at_most_one_step(
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI budget: a variant; the backend/TLS is covered by the SIGKILL scenario
 def test_etcd_v3_scale_up_two_to_three_then_down_to_two_while_training(tmp_path: Path) -> None:
     run = run_local(
         tmp_path,

@@ -91,6 +91,7 @@ def test_mutual_tls_job_loses_a_node_reforms_and_completes_over_https(tmp_path: 
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI budget: a variant; the backend/TLS is covered by the SIGKILL scenario
 def test_server_tls_job_loses_a_node_reforms_and_completes_over_https(tmp_path: Path) -> None:
     run = _completes_through_a_sigkill(tmp_path, SERVER_TLS)
     assert_https_only(run, client_auth=False)
