@@ -57,6 +57,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel
 
 try:  # in the worker image; not in an image of the user's own (worker.entrypoint=injected)
+    import numpy  # noqa: F401  # torch's object collectives, which the library's agreement uses
     from elastic_snapshot import Restored, Snapshots
 except ImportError as exc:  # then the checkpoint alone, said once
     SNAPSHOTS_MISSING: str | None = str(exc)

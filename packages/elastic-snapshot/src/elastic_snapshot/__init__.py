@@ -29,14 +29,6 @@ torch.distributed.tensor.DTensor, and the optimizers' step hooks.
 
 from __future__ import annotations
 
-try:  # torch.distributed's object collectives, which the agreement uses, need numpy
-    import numpy  # noqa: F401
-except ImportError as exc:
-    raise ImportError(
-        "elastic-snapshot needs numpy (torch.distributed's object collectives use it): "
-        "pip install numpy"
-    ) from exc
-
 from .restore import Restored
 from .snapshots import Snapshots, Stateful
 from .state import SnapshotError
