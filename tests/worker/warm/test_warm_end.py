@@ -105,6 +105,46 @@ def test_a_ddp_script_with_a_collective_running_at_its_end_ends_as_under_python_
             assert "returned" in out, (how, rank, out[-3000:])
 
 
+#: Preloaded by the server, so its exit handler runs after every one its children register
+#: (atexit runs the last registered first): the threads left when the interpreter begins to
+#: finalize.
+THREADS_AT_FINALIZATION = """\
+import atexit, os
+def _threads():
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{task}/comm").read().strip())
+        except OSError:
+            pass  # it ended meanwhile
+    print("threads at finalization:", len(names), sorted(names), flush=True)
+atexit.register(_threads)
+"""
+
+
+def test_the_kept_groups_threads_are_joined_before_the_interpreter_finalizes(
+    tmp_path: Path,
+) -> None:
+    """The kept group is released by an exit handler, not at finalization: there a gloo
+    thread that takes the GIL to free a collective's tensor is ended by pthread_exit through
+    a noexcept destructor, and the process aborts (exit -6, "terminate called without an
+    active exception": once in a CI run of the test above). Before the handler, every rank
+    had its two pt_gloo_runloop threads (and the store's) alive at that point."""
+    (tmp_path / "late_exit.py").write_text(THREADS_AT_FINALIZATION)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    handle = warm.start(str(PYTHON), [*POD_PRELOAD, "late_exit"], env)
+    try:
+        script = tmp_path / "train.py"
+        script.write_text(IN_FLIGHT_AT_RETURN)
+        ranks = _ranks(client(handle, str(script)), tmp_path)
+    finally:
+        handle.stop()
+    for rank, (code, out) in enumerate(ranks):
+        assert code == 0, f"rank {rank} exit {code} (None: hung)\n{out[-3000:]}"
+        line = next((ln for ln in out.splitlines() if "at finalization" in ln), out)
+        assert line.startswith("threads at finalization: 1 "), (rank, line)  # main alone
+
+
 #: Whether the script's destroy_process_group is the fence's (torchcompat.py), which keeps
 #: the destroyed default group for the interpreter's exit.
 KEEPS = "import torch.distributed as d; print(hasattr(d.destroy_process_group, '__wrapped__'))"

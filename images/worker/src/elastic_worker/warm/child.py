@@ -3,10 +3,11 @@ its argv, environment and working directory installed, the import-time state a f
 interpreter would read from that environment redone, the script run as `__main__`, and
 its end reported as the interpreter would (exit code, traceback, signal). The end is
 `python -u`'s too: what the script leaves (its globals, its default process group) is
-freed when the interpreter finalizes, not before (_keep_for_exit says why)."""
+freed at the interpreter's exit, not before (_keep_for_exit says why)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
 import signal
@@ -64,7 +65,8 @@ def run_program(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
 #: at the next garbage collection. The list (and _KEPT_GROUP) go when the interpreter
 #: clears this module.
 _LEFT_FOR_EXIT: list[object] = []
-#: The default process group _keep_for_exit keeps (python -u's defaults hold only one).
+#: The default process group _keep_for_exit keeps (python -u's defaults hold only one),
+#: until _release_kept_group.
 _KEPT_GROUP: list[object] = []
 
 
@@ -91,11 +93,24 @@ def _keep_for_exit() -> None:
     and waited forever for a worker thread that was waiting for the GIL, to free the
     last tensor of a collective it had just finished (pytorch/pytorch#56297; gdb stacks in
     docs/recovery.md, "The end of a job"). What it relies on of torch is torchcompat.py's
-    (keep_destroyed_group); a torch without it keeps nothing here (the server said so)."""
+    (keep_destroyed_group); a torch without it keeps nothing here (the server said so).
+
+    The kept group is released by an exit handler registered before the script's (so it
+    runs after theirs), not left to finalization: once the interpreter finalizes, a gloo
+    thread that takes the GIL to free a collective's tensor is ended by pthread_exit,
+    which unwinds through a noexcept destructor: std::terminate, exit -6 ("terminate
+    called without an active exception", once in a CI run)."""
     dist: Any = sys.modules.get("torch.distributed")  # imported by the server, or not at all
     if dist is None or not dist.is_available() or torchcompat.keep_group_problem(dist):
         return
     torchcompat.keep_destroyed_group(dist, _KEPT_GROUP)
+    atexit.register(_release_kept_group)
+
+
+def _release_kept_group() -> None:
+    """Drop the kept group while other threads may still take the GIL: through its Python
+    object, whose holder releases the GIL while ~ProcessGroupGloo joins its threads."""
+    _KEPT_GROUP.clear()
 
 
 def _libraries(args: Sequence[str]) -> None:
