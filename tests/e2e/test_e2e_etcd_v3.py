@@ -84,6 +84,7 @@ def test_etcd_v3_three_pods_complete_on_an_etcd_without_v2(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI budget: test_e2e_tls's etcd-v3 scenario loses a node the same way
 def test_etcd_v3_sigkill_one_pod_reforms_at_two_resumes_and_grows_back(tmp_path: Path) -> None:
     # As the etcd-v2 scenario: pod 1 SIGKILLed at step 8 and down 15 s.
     run = run_local(

@@ -155,6 +155,7 @@ def test_scale_up_two_to_three_then_down_to_two_while_training(tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI budget: the partition with loss detection (next) is the default path
 def test_partition_survivors_reform_within_the_timeouts_and_the_pod_rejoins(
     tmp_path: Path,
 ) -> None:

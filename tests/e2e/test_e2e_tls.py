@@ -99,6 +99,7 @@ def test_server_tls_job_loses_a_node_reforms_and_completes_over_https(tmp_path: 
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI budget: mutual TLS is the scenario above; these Secrets render-tested
 def test_existing_secrets_job_loses_a_node_reforms_and_completes_over_mutual_tls(
     tmp_path: Path,
 ) -> None:

@@ -74,6 +74,15 @@ def agents(etcd3: EtcdServer, tmp_path: Path) -> Iterator[list[Torchrun]]:
             agent.proc.wait(10)
 
 
+# CI budget: etcd 3.4 is the extended variant here (the rest of tests/etcd_v3 runs on both).
+@pytest.mark.parametrize(
+    "etcd3",
+    [
+        pytest.param("3.4", marks=pytest.mark.extended, id="etcd3.4"),
+        pytest.param("3.5", id="etcd3.5"),
+    ],
+    indirect=True,
+)
 def test_three_agents_lose_one_to_sigkill_re_form_and_finish(
     etcd3: EtcdServer, agents: list[Torchrun]
 ) -> None:
