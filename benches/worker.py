@@ -17,7 +17,8 @@ from elastic_worker.recovery import lossdetect as liveness
 from elastic_worker.recovery.lifelines import client as lifeline
 from elastic_worker.recovery.lifelines import server as lifeline_server
 from elastic_worker.settings import config
-from elastic_worker.settings.definitions import BY_NAME, RDZV_CONF_DEFAULT, rdzv_conf_default
+from elastic_worker.settings.definitions import BY_NAME
+from elastic_worker.settings.schema import RDZV_CONF_DEFAULT, rdzv_conf_default
 from elastic_worker.warm import server as warm
 from elastic_worker.warm.protocol import warm_command
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from chart_render import ELASTIC_JOB, container, env_of, objects, worker_statefulsets
 from elastic_worker.settings import config
-from elastic_worker.settings.definitions import BY_NAME, SETTINGS, Source
+from elastic_worker.settings.definitions import BY_NAME, SETTINGS
+from elastic_worker.settings.schema import Source
 
 CHART_SET = {s.name for s in SETTINGS if s.source in {Source.VALUE, Source.DERIVED}}
 

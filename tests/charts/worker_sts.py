@@ -16,7 +16,8 @@ from chart_render import (
     pod_spec,
     worker_statefulsets,
 )
-from elastic_worker.settings.definitions import SETTINGS, Source
+from elastic_worker.settings.definitions import SETTINGS
+from elastic_worker.settings.schema import Source
 
 # The worker's variables the chart sets, in the chart's order: the one definition's
 # (images/worker/src/elastic_worker/settings/definitions.py), then the downward API's.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastic_worker.settings import envfile
-from elastic_worker.settings.definitions import BY_NAME, Kind, Setting
+from elastic_worker.settings.definitions import BY_NAME
 from elastic_worker.settings.rendezvous import (
     KNOWN_RDZV_KEYS,
     Endpoint,
@@ -27,7 +27,7 @@ from elastic_worker.settings.rendezvous import (
     parse_tls,
     rdzv_keys,
 )
-from elastic_worker.settings.schema import ConfigError
+from elastic_worker.settings.schema import ConfigError, Kind, Setting
 
 __all__ = [
     "KNOWN_RDZV_KEYS",

@@ -17,22 +17,7 @@ from elastic_worker.settings.schema import (
     Kind,
     Setting,
     Source,
-    keep_alive_interval,
-    rdzv_conf_default,
 )
-
-__all__ = [
-    "BY_NAME",
-    "HEARTBEATS_PER_S",
-    "RDZV_CONF_DEFAULT",
-    "SERVICEACCOUNT_DIR",
-    "SETTINGS",
-    "Kind",
-    "Setting",
-    "Source",
-    "keep_alive_interval",
-    "rdzv_conf_default",
-]
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(
