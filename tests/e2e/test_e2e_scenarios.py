@@ -262,7 +262,7 @@ def test_fewer_pods_than_min_nodes_wait_visibly_then_time_out(tmp_path: Path) ->
             "worker.nodeSelector.kubernetes\\.io/hostname=local-spot-0",
             "worker.resources.requests.cpu=3",
             "worker.resources.limits.cpu=3",
-            "gate.timeoutSeconds=20",
+            "gate.timeoutSeconds=10",  # two timeouts in a row: kept short (CI time)
         ],
         timeout=240,
     )
