@@ -98,7 +98,7 @@ def goodput_lines(results: dict[str, Any]) -> list[str]:
             out.append(f"  {label}: failed")
             continue
         out.append(
-            f"  {label:<16} {ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f}, "
+            f"  {label:<16} {ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f}, "
             f"n={ratio['runs']}); {samples['median']:.0f} samples/s"
         )
     return out

@@ -4,8 +4,11 @@ schedulers hold, and the shard rows are torch.chunk's."""
 from __future__ import annotations
 
 import json
+import sys
 
+import pytest
 import torch
+from elastic_snapshot.snapshots import NUMPY, Snapshots
 from elastic_snapshot.state import SnapshotError, _encode, rows, unflatten
 from hypothesis import given
 from hypothesis import strategies as st
@@ -47,3 +50,17 @@ def test_a_value_a_snapshot_cannot_hold_is_named_by_its_path() -> None:
         assert str(exc).startswith("state.extra.sched.fn: a builtin_function_or_method cannot")
     else:
         raise AssertionError("no error")
+
+
+def test_without_numpy_the_script_is_told_at_construction_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch's object collectives, which the restore agrees through, need numpy: a script on
+    an image without it learns so from Snapshots(), not from torch at its first restore
+    ("Numpy is not available", after a loss)."""
+    monkeypatch.setitem(sys.modules, "numpy", None)  # `import numpy` raises ImportError
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(RuntimeError) as refused:
+        Snapshots(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert str(refused.value) == NUMPY
+    assert "\n" not in NUMPY and "pip install numpy" in NUMPY

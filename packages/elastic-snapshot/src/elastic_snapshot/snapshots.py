@@ -26,6 +26,13 @@ from .restore import Restored, restore
 from .ring import Copy, Ring
 from .state import Flat, Json, Spec, as_buffer, byte_view, flatten, layout, model_fingerprint
 
+#: The restore agrees through torch's all_gather_object, which needs numpy (torch's own
+#: dependency is optional). Checked when a script constructs Snapshots, not at import: an
+#: image's build imports the library on bases without numpy.
+NUMPY = (
+    "elastic_snapshot.Snapshots needs numpy (torch's object collectives, which the restore "
+    "agrees through, use it): pip install numpy in the training image"
+)
 DIR_ENV = "ELASTIC_SNAPSHOT_DIR"
 DEFAULT_ROOT = "/dev/shm/elastic-snapshot"
 
@@ -68,6 +75,10 @@ class Snapshots:
         consistent_timeout: float = 2.0,
         timeout: timedelta = timedelta(seconds=60),
     ) -> None:
+        try:  # here, not at import: see NUMPY
+            import numpy  # noqa: F401, PLC0415
+        except ImportError as exc:
+            raise RuntimeError(NUMPY) from exc
         if not dist.is_initialized():
             raise RuntimeError(
                 "elastic_snapshot.Snapshots: call torch.distributed.init_process_group first"
