@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benches.churn.localrun import LocalRun, done, pod
+from benches.churn.localrun import LocalRun, Values, done, pod
 from benches.churn.profiles import (
     GOODPUT_PROFILES,
     SAMPLES_PER_RANK_STEP,
@@ -83,16 +83,23 @@ def series(
     return out
 
 
-def goodput_once(label: str, churn: Churn, workdir: Path) -> dict[str, Any]:
-    """n losses, one every T s from GOODPUT_FIRST_LOSS, each pod back after R s."""
+#: What a churn figure reads of its run: (the run, the kept steps, the window's start and
+#: end) -> the row's figures.
+Measure = Callable[[LocalRun, list[Step], float, float], dict[str, Any]]
+
+
+def churn_row(
+    row: dict[str, Any], values: Values, churn: Churn, workdir: Path, measure: Measure
+) -> dict[str, Any]:
+    """One local run with one pod SIGKILLed every T s from GOODPUT_FIRST_LOSS (pods 0, 1, 2
+    in turn), each back after R s: `row` with T, R, the losses and `measure` of the window
+    from the first loss to the end of the last cycle, or with an error where the run ended
+    first or the three did not train together before the first loss."""
     period, down, losses = churn
-    values = merged({"job": {"command": TRAIN_COMMAND}}, GOODPUT_PROFILES[label])
     faults = [
         f"--kill={pod(k % 3)}@{GOODPUT_FIRST_LOSS + k * period:g}:{down:g}" for k in range(losses)
     ]
-    row: dict[str, Any] = {
-        "figure": "goodput", "label": label, "T": period, "R": down, "losses": losses,
-    }  # fmt: skip
+    row = {**row, "T": period, "R": down, "losses": losses}
     run = LocalRun.start(workdir, values, faults, GOODPUT_FIRST_LOSS + losses * period + 120)
     try:
         # run.started is the runner's own start once its first line is read
@@ -104,16 +111,45 @@ def goodput_once(label: str, churn: Churn, workdir: Path) -> dict[str, Any]:
         end = start + losses * period
         if run.ended():
             return {**row, "error": f"the run ended first: {run.tail()}"}
-        fired = [run.event_at(f"FAULT kill {pod(k % 3)}") for k in range(losses)]
         steps = kept_steps(run, end)
         before = [s for s in steps if start - STEADY_S <= s.at < start]
         if not before or {s.world for s in before} != {3}:
             return {**row, "error": "the three did not train together before the first loss"}
+        return {**row, **measure(run, steps, start, end)}
+    finally:
+        run.stop()
+
+
+def figure_rows(
+    repeat: int,
+    labels: Iterable[str],
+    once: Callable[[str, Path], dict[str, Any]],
+    prefix: str,
+    say: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """`once(label, workdir)` for each label, `repeat` times, each in a new work directory
+    once the machine is quiet; each row said as it comes (its logs kept where it failed)."""
+    rows = []
+    for _ in range(repeat):
+        for label in labels:
+            wd = Path(tempfile.mkdtemp(prefix=prefix))
+            idle = wait_quiet(say)
+            rows.append({**once(label, wd), "idle_before": idle})
+            done(rows[-1], wd, say)
+    return rows
+
+
+def goodput_once(label: str, churn: Churn, workdir: Path) -> dict[str, Any]:
+    """n losses, one every T s from GOODPUT_FIRST_LOSS, each pod back after R s."""
+    period, _, losses = churn
+    values = merged({"job": {"command": TRAIN_COMMAND}}, GOODPUT_PROFILES[label])
+
+    def measure(run: LocalRun, steps: list[Step], start: float, end: float) -> dict[str, Any]:
+        fired = [run.event_at(f"FAULT kill {pod(k % 3)}") for k in range(losses)]
         cycles = [
             goodput(steps, start + k * period, start + (k + 1) * period) for k in range(losses)
         ]
         return {
-            **row,
             "goodput": round(goodput(steps, start, end), 1),
             "per_cycle": [round(g, 1) for g in cycles],
             "steady": round(goodput(steps, start - STEADY_S, start), 1),  # all three, no loss
@@ -121,18 +157,14 @@ def goodput_once(label: str, churn: Churn, workdir: Path) -> dict[str, Any]:
             "loss_at": [None if t is None else round(t - run.started, 1) for t in fired],
             "series": series(steps, start - STEADY_S, end, start),
         }
-    finally:
-        run.stop()
+
+    return churn_row({"figure": "goodput", "label": label}, values, churn, workdir, measure)
 
 
 def run_goodput(repeat: int, churn: Churn, say: Callable[[str], None] = print) -> dict[str, Any]:
-    rows = []
-    for _ in range(repeat):
-        for label in GOODPUT_PROFILES:
-            wd = Path(tempfile.mkdtemp(prefix="bench-goodput-"))
-            idle = wait_quiet(say)
-            rows.append({**goodput_once(label, churn, wd), "idle_before": idle})
-            done(rows[-1], wd, say)
+    rows = figure_rows(
+        repeat, GOODPUT_PROFILES, lambda lb, wd: goodput_once(lb, churn, wd), "bench-goodput-", say
+    )
     period, down, losses = churn
     cycles = {
         lb: [g for r in rows if r["label"] == lb for g in r.get("per_cycle", [])]

@@ -8,8 +8,6 @@ second (16 per rank per step) are given too: they also fall while a node is away
 
 from __future__ import annotations
 
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,15 +15,14 @@ from typing import Any
 from benches.churn.goodput import (
     CHURN_FULL,
     CHURN_QUICK,
-    GOODPUT_FIRST_LOSS,
     STEADY_S,
     Churn,
     Step,
+    churn_row,
+    figure_rows,
     goodput,
-    kept_steps,
 )
-from benches.churn.localrun import LocalRun, done, pod
-from benches.procs import wait_quiet
+from benches.churn.localrun import LocalRun
 from benches.stats import summary_cut
 
 COMMAND = [
@@ -41,51 +38,30 @@ def steps_per_second(steps: list[Step], start: float, end: float) -> float:
     return sum(1 for s in steps if start <= s.at < end) / (end - start)
 
 
+def measure(_: LocalRun, steps: list[Step], start: float, end: float) -> dict[str, Any]:
+    rate, steady = (
+        steps_per_second(steps, start, end),
+        steps_per_second(steps, start - STEADY_S, start),
+    )
+    return {
+        "steps_per_s": round(rate, 3),
+        "steady_steps_per_s": round(steady, 3),
+        "ratio": round(rate / steady, 3),
+        "samples_per_s": round(goodput(steps, start, end), 1),
+        "steady_samples_per_s": round(goodput(steps, start - STEADY_S, start), 1),
+    }
+
+
 def goodput_once(label: str, churn: Churn, workdir: Path) -> dict[str, Any]:
-    period, down, losses = churn
     values = {"job": {"command": [*COMMAND, *VARIANTS[label]]}}
-    faults = [
-        f"--kill={pod(k % 3)}@{GOODPUT_FIRST_LOSS + k * period:g}:{down:g}" for k in range(losses)
-    ]
-    row: dict[str, Any] = {
-        "figure": "snap-goodput", "label": label, "T": period, "R": down, "losses": losses,
-    }  # fmt: skip
-    run = LocalRun.start(workdir, values, faults, GOODPUT_FIRST_LOSS + losses * period + 120)
-    try:
-        while time.monotonic() < run.started + GOODPUT_FIRST_LOSS + losses * period + 1:
-            if run.ended():
-                return {**row, "error": f"the run ended first: {run.tail()}"}
-            time.sleep(0.5)
-        start = run.started + GOODPUT_FIRST_LOSS
-        end = start + losses * period
-        steps = kept_steps(run, end)
-        before = [s for s in steps if start - STEADY_S <= s.at < start]
-        if not before or {s.world for s in before} != {3}:
-            return {**row, "error": "the three did not train together before the first loss"}
-        rate, steady = (
-            steps_per_second(steps, start, end),
-            steps_per_second(steps, start - STEADY_S, start),
-        )
-        return {
-            **row,
-            "steps_per_s": round(rate, 3),
-            "steady_steps_per_s": round(steady, 3),
-            "ratio": round(rate / steady, 3),
-            "samples_per_s": round(goodput(steps, start, end), 1),
-            "steady_samples_per_s": round(goodput(steps, start - STEADY_S, start), 1),
-        }
-    finally:
-        run.stop()
+    row = {"figure": "snap-goodput", "label": label}
+    return churn_row(row, values, churn, workdir, measure)
 
 
 def run_goodput(repeat: int, churn: Churn, say: Callable[[str], None]) -> dict[str, Any]:
-    rows = []
-    for _ in range(repeat):
-        for label in VARIANTS:
-            wd = Path(tempfile.mkdtemp(prefix="bench-snap-goodput-"))
-            idle = wait_quiet(say)
-            rows.append({**goodput_once(label, churn, wd), "idle_before": idle})
-            done(rows[-1], wd, say)
+    rows = figure_rows(
+        repeat, VARIANTS, lambda lb, wd: goodput_once(lb, churn, wd), "bench-snap-goodput-", say
+    )
     period, down, losses = churn
     return {
         "T": period,

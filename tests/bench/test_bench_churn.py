@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handl
 from torch.distributed.run import get_args_parser
 
 from benches.churn.goodput import goodput, kept_steps
+from benches.churn.goodput import goodput_once as churn_goodput_once
 from benches.churn.localrun import POD, RELEASE, LocalRun, pod
 from benches.churn.profiles import (
     GOODPUT_PROFILES,
@@ -30,6 +32,7 @@ from benches.churn.profiles import (
 )
 from benches.churn.report import fmt_seconds, table_lines
 from benches.churn.silent import first_step_at, nodes_before
+from benches.snapshots.goodput import goodput_once as snap_goodput_once
 from benches.stats import summary_cut
 from localrun.render import render
 
@@ -68,6 +71,49 @@ def test_kept_steps_drop_what_a_resume_rolled_back_and_count_each_step_once(
     assert goodput(kept, 0.0, 12.0) == pytest.approx((5 * 3 + 2) * 16 / 12)
     # what happens after the window's end is not looked at
     assert [s.step for s in kept_steps(local_run(tmp_path, lines), until=9.0)] == [*range(1, 9)]
+
+
+def test_both_goodput_figures_read_the_window_from_the_first_loss_of_one_churn_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started = time.monotonic() - 1000.0  # the run's window is over: nothing to wait for
+    # all three before the first loss (at 60 s), then two in the window [60 s, 140 s)
+    lines = [(started + 50.0 + i, POD0, step(i + 1, 3)) for i in range(10)]
+    lines += [(started + 70.0 + i, POD0, step(i + 11, 2)) for i in range(8)]
+    starts: list[tuple[list[str], float]] = []
+
+    class Run(LocalRun):
+        over = False
+
+        def ended(self) -> bool:
+            return self.over
+
+        def stop(self) -> None:
+            pass
+
+    def start(workdir: Path, values: dict[str, Any], faults: list[str], timeout: float) -> Run:
+        starts.append((faults, timeout))
+        return Run(workdir, [], lines=lines, started=started)
+
+    monkeypatch.setattr(LocalRun, "start", start)
+    churn = (40.0, 20.0, 2)
+    row = churn_goodput_once("elastic-job", churn, tmp_path)
+    assert starts[-1] == ([f"--kill={pod(0)}@60:20", f"--kill={pod(1)}@100:20"], 260.0)
+    assert {k: row[k] for k in ("figure", "T", "R", "losses", "kept_steps")} == {
+        "figure": "goodput", "T": 40.0, "R": 20.0, "losses": 2, "kept_steps": 8,
+    }  # fmt: skip
+    # 8 steps of 2 ranks in 80 s; 10 steps of 3 in the 20 s before the first loss
+    assert (row["goodput"], row["steady"], row["per_cycle"]) == (3.2, 24.0, [6.4, 0.0])
+    snap = snap_goodput_once("snapshots", churn, tmp_path)
+    assert starts[-1] == starts[0]
+    assert (snap["figure"], snap["steps_per_s"], snap["steady_steps_per_s"]) == (
+        "snap-goodput", 0.1, 0.5,
+    )  # fmt: skip
+    assert (snap["ratio"], snap["samples_per_s"]) == (0.2, 3.2)
+    Run.over = True
+    assert snap_goodput_once("snapshots", churn, tmp_path)["error"].startswith(
+        "the run ended first"
+    )
 
 
 def test_the_survivors_train_again_at_their_first_step_in_a_round_of_the_smaller_size(
