@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RELEASE = "e2e"
 POD = f"{RELEASE}-elastic-job-default"  # worker pod names: POD-0, POD-1, ...
 ETCD_POD = f"{RELEASE}-etcd-rendezvous-0"
+RUN_TIMEOUT = 300.0  # s: the runner's --timeout unless a scenario says
 
 
 # tests/e2e/user_script mounted into the pods as /opt/user-script (a hostPath volume).
@@ -122,7 +123,7 @@ def local_command(
     every: int = 5,
     step_seconds: float = 0.5,
     sets: Iterable[str] = (),
-    timeout: float = 300,
+    timeout: float = RUN_TIMEOUT,
     command: list[str] | None = None,
 ) -> list[str]:
     """`elastic-local run` of values-examples/cpu-smoke.yaml with the given extra args,
@@ -156,27 +157,9 @@ def finished(tmp_path: Path, rc: int, stdout: str, seconds: float) -> LocalRun:
     return LocalRun(rc, summary, tmp_path / "out", stdout, seconds)
 
 
-def run_local(
-    tmp_path: Path,
-    *args: str,
-    steps: int = 30,
-    every: int = 5,
-    step_seconds: float = 0.5,
-    sets: Iterable[str] = (),
-    timeout: float = 300,
-    command: list[str] | None = None,
-) -> LocalRun:
-    """One `elastic-local run` (local_command), to its end."""
-    cmd = local_command(
-        tmp_path,
-        *args,
-        steps=steps,
-        every=every,
-        step_seconds=step_seconds,
-        sets=sets,
-        timeout=timeout,
-        command=command,
-    )
+def run_local(tmp_path: Path, *args: str, timeout: float = RUN_TIMEOUT, **options: Any) -> LocalRun:
+    """One `elastic-local run` (local_command: `options` are its own), to its end."""
+    cmd = local_command(tmp_path, *args, timeout=timeout, **options)
     start = time.monotonic()
     # SIGTERM, never SIGKILL, when the test is stopped: the runner then cleans up.
     proc = subprocess.Popen(
@@ -189,6 +172,24 @@ def run_local(
         proc.communicate(timeout=60)
         raise
     return finished(tmp_path, proc.returncode, stdout, time.monotonic() - start)
+
+
+def run_user_script(
+    tmp_path: Path, *args: str, command: list[str], sets: Iterable[str] = (), **options: Any
+) -> LocalRun:
+    """run_local of a user's own script: tests/e2e/user_script mounted at /opt/user-script,
+    where `command` finds it."""
+    return run_local(tmp_path, *args, command=command, sets=[*USER_SCRIPT_SETS, *sets], **options)
+
+
+def multinode_command(epochs: int, save_every: int) -> list[str]:
+    """tests/e2e/user_script/multinode.py, in the style of pytorch/examples' DDP tutorial:
+    gloo, `epochs` of about 1 s, a snapshot on the shared claim every `save_every` epochs,
+    resumed from it after a restart; it prints no `[train]` line."""
+    return [
+        "python", "/opt/user-script/multinode.py", str(epochs), str(save_every),
+        "--snapshot-path", "/checkpoints/snapshot.pt", "--epoch-seconds", "1",
+    ]  # fmt: skip
 
 
 def assert_nothing_lost(run: LocalRun, final_step: int) -> None:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from localrun_e2e import (
-    USER_SCRIPT_SETS,
     assert_cleaned_up,
+    multinode_command,
     pod,
     reform,
     root_with_namespaces,
-    run_local,
+    run_user_script,
     worker_pods,
 )
 
@@ -32,24 +32,16 @@ TEARDOWN_SLACK = 15
 def test_a_users_own_ddp_script_that_prints_nothing_of_ours_gets_a_true_summary(
     tmp_path: Path,
 ) -> None:
-    # tests/e2e/user_script/multinode.py, in the style of pytorch/examples' DDP tutorial:
-    # gloo, a snapshot on the shared claim, resumed after a restart; no `[train]` line.
-    # It reaches the pods as a hostPath volume. 40 epochs of about 1 s; pod 1 is SIGKILLed
-    # 35 s after the start (no step to wait for) and stays down 15 s. Whether the kill comes
-    # before or after the first round formed, a group of two trains and saves snapshots
-    # without pod 1, and the group re-formed when it comes back resumes from one.
+    # tests/e2e/user_script/multinode.py (multinode_command), a pytorch/examples-style DDP
+    # script, reaches the pods as a hostPath volume. 40 epochs of about 1 s; pod 1 is
+    # SIGKILLed 35 s after the start (no step to wait for) and stays down 15 s. Whether the
+    # kill comes before or after the first round formed, a group of two trains and saves
+    # snapshots without pod 1, and the group re-formed when it comes back resumes from one.
     # Issue 24's run: warm starts (the default), the script destroys its process group and
     # returns (no os._exit); every training process must end by itself, at once.
-    run = run_local(
-        tmp_path,
-        f"--kill={pod(1)}@35:15",
-        command=[
-            "python", "/opt/user-script/multinode.py", "40", "1",
-            "--snapshot-path", "/checkpoints/snapshot.pt", "--epoch-seconds", "1",
-        ],
-        sets=USER_SCRIPT_SETS,
-        timeout=360,
-    )  # fmt: skip
+    run = run_user_script(
+        tmp_path, f"--kill={pod(1)}@35:15", command=multinode_command(40, 1), timeout=360
+    )
     s = run.summary
     assert run.rc == 0, run.describe()
     # From the completion marker in etcd, or the job's scale-down of its etcd that follows it.
@@ -120,11 +112,10 @@ def test_a_users_script_whose_teardown_blocks_completes_within_the_exit_barrier_
     # torchrun leave the barrier at 20 s, the job is complete and rank 1's pod is stopped.
     # (The others' own teardown takes ~4 s here: 20 s leaves them seconds to say whom they
     # wait for.)
-    run = run_local(
+    run = run_user_script(
         tmp_path,
         command=["python", "/opt/user-script/teardown_blocks.py", "6"],
         sets=[
-            *USER_SCRIPT_SETS,
             f"job.exitBarrierTimeoutSeconds={EXIT_BARRIER}",
             f"job.warmStart.enabled={str(warm_start).lower()}",
         ],

@@ -14,16 +14,17 @@ from pathlib import Path
 import pytest
 from localrun_e2e import (
     ETCD_POD,
-    USER_SCRIPT_SETS,
     assert_clean_end,
     assert_cleaned_up,
     assert_nothing_lost,
     assert_taken_out_by_lifeline,
     in_order,
+    multinode_command,
     pod,
     reform,
     root_with_namespaces,
     run_local,
+    run_user_script,
     worker_pods,
 )
 
@@ -211,16 +212,12 @@ def test_partition_with_a_script_without_timeout_reforms_in_seconds_and_the_pod_
     # the reset of the peers' closed sockets, whichever comes first) and joins the next
     # re-form (at 3). Seconds run from the cut to the new round's attempt line (the
     # script prints no steps).
-    run = run_local(
+    run = run_user_script(
         tmp_path,
         f"--partition={pod(1)}@{SILENT_CUT_AT}:30",
-        command=[
-            "python", "/opt/user-script/multinode.py", "110", "5",
-            "--snapshot-path", "/checkpoints/snapshot.pt", "--epoch-seconds", "1",
-        ],
-        sets=USER_SCRIPT_SETS,
+        command=multinode_command(110, 5),
         timeout=420,
-    )  # fmt: skip
+    )
     s = run.summary
     assert run.rc == 0, run.describe()
     assert s["completed"] is True, run.describe()

@@ -19,14 +19,13 @@ from pathlib import Path
 
 import pytest
 from localrun_e2e import (
-    USER_SCRIPT_SETS,
     LocalRun,
     assert_cleaned_up,
     in_order,
     pod,
     reform,
     root_with_namespaces,
-    run_local,
+    run_user_script,
 )
 
 pytestmark = [
@@ -92,13 +91,12 @@ def test_each_loss_resumes_at_the_step_before_it_from_a_peers_memory(tmp_path: P
     (SIGTERM, deleted and made again): each time the two others train again at the step
     they had completed, with the lost pod's shard from its successor's memory, resharded
     from three to two; the pod rejoins at the next re-form."""
-    run = run_local(
+    run = run_user_script(
         tmp_path,
         f"--kill={pod(1)}@45:8",
         f"--partition={pod(2)}@85:10",
         f"--preempt={pod(0)}@125:8",
         command=snap_command(480, 50),
-        sets=USER_SCRIPT_SETS,
         timeout=420,
     )
     s = run.summary
@@ -136,12 +134,12 @@ def test_two_adjacent_pods_lost_fall_back_to_the_checkpoint_and_say_so(tmp_path:
     """pods 1 and 2 SIGKILLed together (with three pods in the ring, any two are
     neighbours): pod 1's shard and its only replica are gone, so pod 0 trains on alone
     (job.minNodes=1) from the checkpoint and says why in one line."""
-    run = run_local(
+    run = run_user_script(
         tmp_path,
         f"--kill={pod(1)}@45:15",
         f"--kill={pod(2)}@45:15",
         command=snap_command(180, 10),
-        sets=[*USER_SCRIPT_SETS, "job.minNodes=1"],
+        sets=["job.minNodes=1"],
         timeout=360,
     )
     s = run.summary
