@@ -11,7 +11,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import pytest
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.keystore.interface import KeyStore
 from elastic_worker.settings import config
@@ -138,3 +140,26 @@ def keystore(etcd: EtcdServer, backend: str, job: str = "kv") -> KeyStore:
         "ELASTIC_INJECT_ENV": "/nonexistent",
     }
     return kvstore.connect(config.load(["train.py"], env))
+
+
+def keystore_fixtures(job: str, *backends: str) -> tuple[Any, Any, Any]:
+    """The fixtures `backend`, `etcd` and `client` of a module whose tests talk to a real
+    etcd as the worker does: `backend, etcd, client = keystore_fixtures(JOB)`. `backend` is
+    each of BACKENDS in turn (the test's id names it), or the one backend named; `etcd` a
+    real etcd for it (backend_etcd); `client` the worker's client for it, of job `job`."""
+    names = backends or BACKENDS
+    each = len(names) > 1
+
+    @pytest.fixture(name="backend", params=names if each else None)
+    def backend(request: pytest.FixtureRequest) -> str:
+        return str(request.param) if each else names[0]
+
+    @pytest.fixture(name="etcd")
+    def etcd(etcd_factory: Callable[..., EtcdServer], backend: str) -> EtcdServer:
+        return backend_etcd(etcd_factory, backend)
+
+    @pytest.fixture(name="client")
+    def client(etcd: EtcdServer, backend: str) -> KeyStore:
+        return keystore(etcd, backend, job)
+
+    return backend, etcd, client

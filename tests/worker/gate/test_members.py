@@ -6,7 +6,6 @@ old incarnation never takes it back; nothing is written or removed once the job 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
 import pytest
 from elastic_worker.gate.members import Member, Registration
@@ -15,25 +14,12 @@ from elastic_worker.keystore import interface as kvstore
 from elastic_worker.settings import config
 from testlib import EtcdServer
 
-from worker.worker_helpers import BACKENDS, backend_etcd, keystore
+from worker.worker_helpers import keystore_fixtures
 
 JOB = "members42"
 POD = "w-1"
 
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def etcd(etcd_factory: Callable[..., EtcdServer], backend: str) -> EtcdServer:
-    return backend_etcd(etcd_factory, backend)
-
-
-@pytest.fixture
-def client(etcd: EtcdServer, backend: str) -> kvstore.KeyStore:
-    return keystore(etcd, backend, JOB)
+backend, etcd, client = keystore_fixtures(JOB)
 
 
 def cfg(etcd: EtcdServer, uid: str, **extra: str) -> config.Config:

@@ -6,8 +6,6 @@ lapses and another kind may be the job's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 from elastic_worker.gate.members import MEMBER_TTL, Registration
 from elastic_worker.gate.topology import Gate, Kind
@@ -15,21 +13,13 @@ from elastic_worker.keystore import interface as kvstore
 from elastic_worker.settings import config
 from testlib import EtcdServer
 
-from worker.worker_helpers import backend_etcd, keystore
+from worker.worker_helpers import keystore_fixtures
 
 JOB = "kinds42"
 H100 = ("NVIDIA-H100-80GB-HBM3", "8", "infiniband")
 A100 = ("NVIDIA-A100-SXM4-80GB", "8", "infiniband")
 
-
-@pytest.fixture
-def etcd(etcd_factory: Callable[..., EtcdServer]) -> EtcdServer:
-    return backend_etcd(etcd_factory, "etcd-v2")
-
-
-@pytest.fixture
-def client(etcd: EtcdServer) -> kvstore.KeyStore:
-    return keystore(etcd, "etcd-v2", JOB)
+backend, etcd, client = keystore_fixtures(JOB, "etcd-v2")
 
 
 def pod(

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +27,13 @@ from elastic_worker.settings.config import KubeApi
 from testlib import EtcdServer
 
 from localrun.cluster.apiserver import FakeApiServer
-from worker.worker_helpers import backend_etcd, keystore, wait_until
+from worker.worker_helpers import keystore_fixtures, wait_until
 
 JOB = "fence42"
 NS = "ml"
 POD = "w-1"
 
-
-@pytest.fixture
-def etcd(etcd_factory: Callable[..., EtcdServer]) -> EtcdServer:
-    return backend_etcd(etcd_factory, "etcd-v2")
-
-
-@pytest.fixture
-def client(etcd: EtcdServer) -> kvstore.KeyStore:
-    return keystore(etcd, "etcd-v2", JOB)
+backend, etcd, client = keystore_fixtures(JOB, "etcd-v2")
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,28 +30,18 @@ from elastic_worker.recovery import lossdetect as liveness
 from elastic_worker.settings import config
 from testlib import EtcdServer
 
-from worker.worker_helpers import BACKENDS, PYTHON, backend_etcd, keystore, wait_until
+from worker.worker_helpers import (
+    PYTHON,
+    keystore_fixtures,
+    wait_until,
+)
 
 POD_SCRIPT = Path(__file__).with_name("lossdetect_pod.py")
 JOB = "live42"
 MASTER = ("10.0.0.1", "29400")
 ROUND = f"{JOB}@{MASTER[0]}:{MASTER[1]}"
 
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def etcd(etcd_factory: Callable[..., EtcdServer], backend: str) -> EtcdServer:
-    """The etcd for the backend (v2 API off for etcd-v3)."""
-    return backend_etcd(etcd_factory, backend)
-
-
-@pytest.fixture
-def client(etcd: EtcdServer, backend: str) -> kvstore.KeyStore:
-    return keystore(etcd, backend, JOB)
+backend, etcd, client = keystore_fixtures(JOB)
 
 
 def pod_env(etcd: EtcdServer, name: str) -> dict[str, str]:
