@@ -126,6 +126,8 @@ class FakeApiServer:
         lists = Lists(self.store, self._stopping)
         self.node_api = Nodes(nodes or {}, self.store, lists)
         self.statefulset_api = StatefulSets(self.store, lists)
+        #: add_statefulset(namespace, name, replicas=1, manifest=None): StatefulSets.add.
+        self.add_statefulset = self.statefulset_api.add
         self.pod_api = Pods(self.store, lists)
         self.event_api = Events(self.store, lists)
         #: The handler of each resource, by the name its paths use.
@@ -381,16 +383,6 @@ class FakeApiServer:
     @log_source.setter
     def log_source(self, source: LogSource | None) -> None:
         self.pod_api.log_source = source
-
-    def add_statefulset(
-        self,
-        namespace: str,
-        name: str,
-        replicas: int = 1,
-        manifest: Mapping[str, Any] | None = None,
-    ) -> JsonObject:
-        """Register a StatefulSet (e.g. the rendered manifest) as the API server would store it."""
-        return self.statefulset_api.add(namespace, name, replicas, manifest)
 
     def replicas(self, namespace: str, name: str) -> int:
         return self.statefulset_api.replicas(namespace, name)
