@@ -47,6 +47,22 @@ def kube_api(api: FakeApiServer) -> config.KubeApi | None:
     return config.load(["train.py"], {**BASE, **env}).kube_api
 
 
+def rendezvous_env(
+    api: FakeApiServer, replicas: int, endpoint: str | None = None
+) -> dict[str, str]:
+    """The worker's variables with scale-down on, its rendezvous StatefulSet run42-etcd
+    registered in `api` at `replicas`, and its etcd at `endpoint` (BASE's unless given)."""
+    api.add_statefulset("default", "run42-etcd", replicas=replicas)
+    return {
+        **BASE,
+        "ELASTIC_RDZV_ENDPOINT": endpoint or BASE["ELASTIC_RDZV_ENDPOINT"],
+        "ELASTIC_SCALE_DOWN": "true",
+        "ELASTIC_RENDEZVOUS_STATEFULSET": "run42-etcd",
+        "ELASTIC_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir),
+        **api.env(),
+    }
+
+
 def test_mark_complete_sets_the_marker_once(etcd: EtcdServer) -> None:
     cfg = make_config(etcd, "done-once")
     client = etcdv2.Client(etcd.url)
@@ -178,14 +194,7 @@ def test_success_scales_the_workers_then_the_rendezvous(etcd: EtcdServer, tmp_pa
 
 def test_the_rendezvous_counts_as_done_only_at_zero_replicas(tmp_path: Path) -> None:
     with FakeApiServer(workdir=tmp_path / "api") as api:
-        api.add_statefulset("default", "run42-etcd", replicas=1)
-        env = {
-            **BASE,
-            "ELASTIC_SCALE_DOWN": "true",
-            "ELASTIC_RENDEZVOUS_STATEFULSET": "run42-etcd",
-            "ELASTIC_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir),
-            **api.env(),
-        }
+        env = rendezvous_env(api, 1)
         cfg = config.load(["train.py"], env)
         assert completion.rendezvous_scaled_to_zero(cfg) is False
         api.set_fault(r"/scale$", 403)  # no access: unknown, so not done
@@ -201,15 +210,7 @@ def test_a_stopped_pod_keeps_asking_while_neither_etcd_nor_the_api_can_say(
     asks again within its window and exits 0 once the API answers, not 143 at the first
     failure; with no answer at all it says why and reports 'not complete'."""
     with FakeApiServer(workdir=tmp_path / "api") as api:
-        api.add_statefulset("default", "run42-etcd", replicas=0)
-        env = {
-            **BASE,
-            "ELASTIC_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",  # etcd already gone
-            "ELASTIC_SCALE_DOWN": "true",
-            "ELASTIC_RENDEZVOUS_STATEFULSET": "run42-etcd",
-            "ELASTIC_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir),
-            **api.env(),
-        }
+        env = rendezvous_env(api, 0, f"127.0.0.1:{free_port()}")  # etcd already gone
         cfg = config.load(["train.py"], env)
         client = kvstore.connect(cfg)
         api.set_fault(r"/scale$", 503, times=3)
@@ -225,15 +226,7 @@ def test_success_after_another_pod_scaled_etcd_away_exits_0_at_once(tmp_path: Pa
     """Every node finishes at once: the first sets the marker and scales etcd to 0; the
     others, unable to reach etcd, read that scale and leave at once (not after 30 s)."""
     with FakeApiServer(workdir=tmp_path / "api") as api:
-        api.add_statefulset("default", "run42-etcd", replicas=0)
-        env = {
-            **BASE,
-            "ELASTIC_RDZV_ENDPOINT": "127.0.0.1:9",  # nothing listens: etcd is gone
-            "ELASTIC_SCALE_DOWN": "true",
-            "ELASTIC_RENDEZVOUS_STATEFULSET": "run42-etcd",
-            "ELASTIC_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir),
-            **api.env(),
-        }
+        env = rendezvous_env(api, 0, "127.0.0.1:9")  # nothing listens: etcd is gone
         cfg = config.load(["train.py"], env)
         client = etcdv2.Client(cfg.rdzv_url)
         sup = Supervisor([sys.executable, "-c", "pass"], {}, cfg, Completion(client, cfg))
@@ -253,15 +246,7 @@ def test_no_leave_at_the_signal_when_etcd_is_gone_because_the_job_is_done(
     left: list[int] = []
     monkeypatch.setattr(leave, "leave", lambda _cfg, _id, _addr, pid: left.append(pid))
     with FakeApiServer(workdir=tmp_path / "api") as api:
-        api.add_statefulset("default", "run42-etcd", replicas=0)
-        env = {
-            **BASE,
-            "ELASTIC_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",  # etcd already gone
-            "ELASTIC_SCALE_DOWN": "true",
-            "ELASTIC_RENDEZVOUS_STATEFULSET": "run42-etcd",
-            "ELASTIC_SERVICEACCOUNT_DIR": str(api.serviceaccount_dir),
-            **api.env(),
-        }
+        env = rendezvous_env(api, 0, f"127.0.0.1:{free_port()}")  # etcd already gone
         cfg = config.load(["train.py"], env)
         done = Completion(kvstore.connect(cfg), cfg)
         leaving = leave.Leaving(cfg, "run42", "127.0.0.1", done)
