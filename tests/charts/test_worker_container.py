@@ -250,7 +250,7 @@ def test_warm_start_settings_reach_the_worker() -> None:
     default = worker_env()
     assert default["ELASTIC_WARM_START"] == "true"
     assert default["ELASTIC_WARM_PRELOAD"] == (
-        "torch,torch.distributed.checkpoint,torch.distributed.fsdp"
+        "torch,torch._dynamo,torch.distributed.checkpoint,torch.distributed.fsdp"
     )
     env = worker_env(
         sets=["job.warmStart.enabled=false"],

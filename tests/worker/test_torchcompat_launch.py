@@ -1,12 +1,16 @@
 """torchcompat.py's other fences, pinned against the installed torch (2.13): torchrun's exit
-barrier timeout (the launcher) and the default process group a warm child keeps (issue 24)."""
+barrier timeout (the launcher), the default process group a warm child keeps (issue 24) and
+a warm child's env:// rendezvous, which waits for rank 0's store (warm/master.py)."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
 import inspect
+import socket
+import sys
 import types
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +183,43 @@ def test_only_the_fence_replaces_or_names_torchs_destroy_process_group_internals
             if found:
                 users.add(path.relative_to(SRC).as_posix())
     assert users == {"torchcompat.py"}
+
+
+# -- a warm child's env:// rendezvous (warm/master.py) --------------------------------------
+
+
+def test_the_installed_torch_runs_env_rendezvous_through_the_fence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pinned against torch 2.13: init_process_group's env:// handler is the entry "env" of
+    torch.distributed.rendezvous._rendezvous_handlers; the fence's handler calls the wait
+    with the URL and timeout torch's got, then is torch's (its store, rank and world size),
+    named as torch's. Fails loudly when torch moves it (the warm server then says so and
+    waits for nothing: warm/test_master.py's children show the handler)."""
+    rdzv = sys.modules["torch.distributed.rendezvous"]
+    assert torchcompat.env_rendezvous_problem(rdzv) is None, torch.__version__
+    names = types.SimpleNamespace(_rendezvous_handlers=dict(rdzv._rendezvous_handlers))
+    calls: list[tuple[str, Any]] = []
+    torchcompat.wait_before_env_rendezvous(names, lambda url, timeout: calls.append((url, timeout)))
+    handler = names._rendezvous_handlers["env"]
+    assert handler.__name__ == rdzv._rendezvous_handlers["env"].__name__
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    timeout = timedelta(seconds=20)
+    rendezvous = handler("env://?rank=0&world_size=1", timeout=timeout)
+    assert calls == []  # a generator, as torch's: nothing runs before init asks for it
+    store, rank, world = next(rendezvous)
+    assert calls == [("env://?rank=0&world_size=1", timeout)]
+    assert (rank, world) == (0, 1)
+    store.set("key", "value")
+    assert store.get("key") == b"value"
+
+
+def test_a_torch_without_the_env_handler_table_is_named() -> None:
+    for names in (types.SimpleNamespace(), types.SimpleNamespace(_rendezvous_handlers={})):
+        assert torchcompat.env_rendezvous_problem(names) == (
+            "torch.distributed.rendezvous has no env:// handler in _rendezvous_handlers"
+        )

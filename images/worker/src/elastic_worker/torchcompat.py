@@ -1,7 +1,8 @@
 """torch's private rendezvous internals, behind one fence: no other module of the worker
 touches them (tests/worker/test_torchcompat.py checks it). At its end, the one reach into
-torch's launcher: the exit barrier's timeout (launch/torchrun.py sets it); and a warm
-child's default process group kept for its interpreter's exit (warm/child.py).
+torch's launcher: the exit barrier's timeout (launch/torchrun.py sets it); a warm child's
+default process group kept for its interpreter's exit (warm/child.py); and a warm child's
+env:// rendezvous, which waits for rank 0's store (warm/master.py).
 
 Read from torch/distributed/elastic/rendezvous/dynamic_rendezvous.py of torch 2.1.0 to
 2.14.1, the releases the NGC PyTorch images of 24.01 to 25.12 are built from and after
@@ -396,3 +397,34 @@ def keep_destroyed_group(dist: Any, kept: list[object]) -> None:
 
     dist.destroy_process_group = destroy_process_group
     dist.distributed_c10d.destroy_process_group = destroy_process_group
+
+
+# -- a warm child's env:// rendezvous: waits for rank 0's store before torch connects ----
+#
+# (warm/master.py says why.) init_process_group takes its rendezvous handler for env://
+# from `torch.distributed.rendezvous._rendezvous_handlers["env"]` (read in 2.13; the
+# public register_rendezvous_handler refuses a scheme already there). The fence puts a
+# handler there that waits, then yields from torch's, which runs as it would.
+
+
+def env_rendezvous_problem(rdzv: Any) -> str | None:
+    """Why wait_before_env_rendezvous would not reach this torch.distributed.rendezvous;
+    None when it would. The warm server says it once, after preload."""
+    handlers = getattr(rdzv, "_rendezvous_handlers", None)
+    if not isinstance(handlers, dict) or not callable(handlers.get("env")):
+        return "torch.distributed.rendezvous has no env:// handler in _rendezvous_handlers"
+    return None
+
+
+def wait_before_env_rendezvous(rdzv: Any, wait: Callable[[str, Any], None]) -> None:
+    """From now on env:// runs `wait(url, timeout)` before torch's handler (after
+    env_rendezvous_problem(rdzv) said None)."""
+    handlers = rdzv._rendezvous_handlers
+    env = handlers["env"]
+
+    @functools.wraps(env)
+    def _env_rendezvous_handler(url: str, *args: Any, **kwargs: Any) -> Any:
+        wait(url, kwargs.get("timeout"))
+        return (yield from env(url, *args, **kwargs))
+
+    handlers["env"] = _env_rendezvous_handler

@@ -148,7 +148,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ELASTIC_WARM_PRELOAD",
         Kind.NAMES,
-        "torch,torch.distributed.checkpoint,torch.distributed.fsdp",
+        "torch,torch._dynamo,torch.distributed.checkpoint,torch.distributed.fsdp",
         Source.VALUE,
         "job.warmStart.preload",
         "modules the warm server imports before it forks (none may initialise CUDA; one "

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_worker import bundle, torchcompat
-from elastic_worker.warm import child, protocol
+from elastic_worker.warm import child, master, protocol
 
 logger = logging.getLogger("elastic_worker.warm.server")
 
@@ -105,6 +105,18 @@ class WarmServer:
                 "warm server: torch %s: %s: a training process's default process group is "
                 "freed when its script drops it, not at its exit as under python -u (a DDP "
                 "script can hang at its end, until its teardown bound: docs/recovery.md)",
+                torchcompat.torch_version(),
+                problem,
+            )
+        rdzv: Any = sys.modules.get("torch.distributed.rendezvous") if available else None
+        problem = torchcompat.env_rendezvous_problem(rdzv) if rdzv is not None else None
+        if rdzv is not None and problem is None:  # inherited by every child (master.py)
+            torchcompat.wait_before_env_rendezvous(rdzv, master.wait_for_master)
+        elif problem is not None:
+            logger.warning(
+                "warm server: torch %s: %s: a rank that connects to rank 0's store before "
+                "it listens waits out torch's backoff (0.3-0.6 s of a re-form: "
+                'docs/recovery.md, "Warm starts")',
                 torchcompat.torch_version(),
                 problem,
             )
