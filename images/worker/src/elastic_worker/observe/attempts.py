@@ -47,7 +47,7 @@ class AttemptFollower:
         progress_file: Path | None = None,
     ) -> None:
         self.tracker = tracker
-        self.saves = snapshots.Saves()
+        self.saves = snapshots.Saves(read=self.poll)  # a silent loss awaits a save: read now
         self.members = members
         self.interval = interval
         self.dir = Path(tempfile.mkdtemp(prefix="elastic-worker-"))
@@ -58,6 +58,7 @@ class AttemptFollower:
         self._pid: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._poll_lock = threading.Lock()
 
     def env(self) -> dict[str, str]:
         """The variables torchrun's environment gets (the shim and the script read them)."""
@@ -87,7 +88,12 @@ class AttemptFollower:
             tick += 1
 
     def poll(self) -> None:
-        """One read of both files and one look at the current attempt's process."""
+        """One read of both files and one look at the current attempt's process (from the
+        reader's thread, and from a thread awaiting a save: one at a time)."""
+        with self._poll_lock:
+            self._poll()
+
+    def _poll(self) -> None:
         lines = self._progress.lines()
         for line in lines:
             event = snapshots.parse(line)

@@ -14,6 +14,8 @@ Standard library only.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 SOURCES = ("peer-memory", "local-memory", "checkpoint", "none")
@@ -58,12 +60,20 @@ def parse(line: str) -> Restored | Saved | None:
     return None
 
 
+#: Seconds between two reads of the progress file while a save is awaited (the reader's own
+#: interval is 0.5 s: a silent loss's SIGKILL waited up to that long after the save).
+AWAIT_READ_EVERY = 0.02
+
+
 class Saves:
     """What this torchrun's training processes said of their snapshots (filled by the
-    progress file's reader): whether the script keeps them, and how many saves so far."""
+    progress file's reader): whether the script keeps them, and how many saves so far.
+    `read`, when given, reads the progress file now (the reader's poll): wait_saved calls it
+    every AWAIT_READ_EVERY s."""
 
-    def __init__(self) -> None:
+    def __init__(self, read: Callable[[], None] | None = None) -> None:
         self._cond = threading.Condition()
+        self._read = read
         self.keeps = False  # a `restored` line came: the script saves when stopped
         self.saved = 0
         self.last: Saved | None = None
@@ -79,5 +89,13 @@ class Saves:
 
     def wait_saved(self, after: int, timeout: float) -> bool:
         """True once a save after the `after`-th was reported, within `timeout` s."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self.saved > after, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._read is not None:
+                self._read()
+            with self._cond:
+                left = deadline - time.monotonic()
+                if self.saved > after or left <= 0:
+                    return self.saved > after
+                every = AWAIT_READ_EVERY if self._read is not None else left
+                self._cond.wait(min(left, every))

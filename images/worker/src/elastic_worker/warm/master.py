@@ -9,10 +9,11 @@ ranks start together after a re-form, so one of them loses that race on most re-
 and the whole group waits for it (docs/recovery.md, "Warm starts").
 
 So in a warm child (torchcompat.wait_before_env_rendezvous) a rank other than 0 polls
-rank 0's port every POLL seconds, from inside its env:// rendezvous, and lets torch
-connect once the port accepts. Inside the rendezvous, not before the script: the wait
-then overlaps nothing the script does first (a script that builds its model before
-init_process_group loses nothing). It gives up where torch would (the rendezvous's
+rank 0's port (every POLL seconds; SLOW_POLL once rank 0 is late by more than FAST_FOR, as
+when its script does work of its own first) from inside its env:// rendezvous, and lets
+torch connect once the port accepts. Inside the rendezvous, not before the script: the
+wait overlaps nothing the script does first. The address is resolved once and every
+address tried, as torch's client does. It gives up where torch would (the rendezvous's
 timeout), or at once on anything but a refused connection, and torch goes on as before
 with its own error. A probe that connects and closes is one the store drops unread.
 """
@@ -26,8 +27,11 @@ from collections.abc import Mapping
 from datetime import timedelta
 from urllib.parse import parse_qs, urlparse
 
-#: Seconds between two connection attempts while rank 0 does not listen yet.
+#: Seconds between two connection attempts while rank 0 does not listen yet; after FAST_FOR
+#: seconds of that, SLOW_POLL.
 POLL = 0.005
+FAST_FOR = 2.0
+SLOW_POLL = 0.05
 #: Seconds one attempt may take (a listening port answers at once; a dropped SYN does not).
 CONNECT_TIMEOUT = 1.0
 #: torch's default process group timeout, for a rendezvous called without one.
@@ -57,14 +61,29 @@ def wait_for_master(url: str, timeout: timedelta | None = None) -> None:
     target = master_to_wait_for(url, os.environ)
     if target is None:
         return
-    deadline = time.monotonic() + (timeout or DEFAULT_TIMEOUT).total_seconds()
+    try:  # resolved once; each poll tries every address, as torch's client does
+        addresses = [
+            (family, kind, proto, address)
+            for family, kind, proto, _, address in socket.getaddrinfo(
+                *target, type=socket.SOCK_STREAM
+            )
+        ]
+    except OSError:
+        return
+    started = time.monotonic()
+    deadline = started + (timeout or DEFAULT_TIMEOUT).total_seconds()
     while True:
-        try:
-            with socket.create_connection(target, timeout=CONNECT_TIMEOUT):
+        for family, kind, proto, address in addresses:
+            try:
+                with socket.socket(family, kind, proto) as sock:
+                    sock.settimeout(CONNECT_TIMEOUT)
+                    sock.connect(address)
+                    return
+            except ConnectionRefusedError:
+                continue
+            except OSError:
                 return
-        except ConnectionRefusedError:
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(POLL)
-        except OSError:
+        now = time.monotonic()
+        if now >= deadline:
             return
+        time.sleep(POLL if now - started < FAST_FOR else SLOW_POLL)
