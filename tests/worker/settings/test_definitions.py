@@ -69,8 +69,9 @@ def _environ_reads() -> Iterator[tuple[str, int]]:
 def test_only_config_reads_settings_from_os_environ() -> None:
     """pod.py passes os.environ on as torchrun's environment; the warm start carries a
     training process's environment whole (warm/client.py sends it, warm/child.py installs
-    it) and reads no setting from it; nothing else touches it."""
-    carriers = ["warm/child.py", "warm/client.py"]
+    it, warm/master.py reads torchrun's RANK and MASTER_* there) and reads no setting from
+    it; nothing else touches it."""
+    carriers = ["warm/child.py", "warm/client.py", "warm/master.py"]
     assert sorted({name for name, _ in _environ_reads()}) == [
         "pod.py",
         "settings/config.py",
