@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -125,6 +126,37 @@ def test_a_writer_killed_mid_write_leaves_no_snapshot(tmp_path: Path) -> None:
     assert store.clear(tmp_path) == 2 and list(tmp_path.iterdir()) == []
 
 
+def test_a_release_hides_the_files_at_once_and_frees_them_in_its_thread(tmp_path: Path) -> None:
+    """After a restore the node's files go: renamed before `release` returns (no snapshot
+    is seen, and a save of the same name right after is its own), freed in a thread."""
+    write(tmp_path, 4)
+    found, _notes = store.scan(tmp_path, "job", "default", "m")
+    assert found[0].verify("replicated")  # mapped
+    thread = store.release(tmp_path, found)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(store.SUFFIX)]
+    assert store.scan(tmp_path, "job", "default", "m") == ([], [])
+    again = write(tmp_path, 4, value=2.0)  # the same name, written beside the released file
+    thread.join(10)
+    assert sorted(tmp_path.iterdir()) == [again] and found[0]._map is None
+    (now,), _notes = store.scan(tmp_path, "job", "default", "m")
+    assert now.part("replicated")[:12].view(torch.float32).tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_write_that_needs_the_room_of_released_files_waits_for_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    released = tmp_path / f"{store.RELEASED_PREFIX}1-own-w1-r0-s3.snap"
+    released.write_bytes(bytes(16))
+
+    class Room:
+        def __init__(self, full: bool) -> None:
+            self.f_bavail, self.f_frsize = (10 if full else 1 << 20), 4096
+
+    monkeypatch.setattr(store.os, "statvfs", lambda path: Room(released.exists()))
+    threading.Timer(0.3, released.unlink).start()  # the release's thread, freeing it
+    assert write(tmp_path, 4).exists()
+
+
 # -- restore, in one process ---------------------------------------------------------------
 
 
@@ -176,7 +208,13 @@ def test_the_newest_saved_state_is_restored_exactly(tmp_path: Path) -> None:
     state = snap2.optimizers[0].state[net2.weight]
     assert torch.equal(state["exp_avg_sq"], optim.state[net.weight]["exp_avg_sq"])
     assert int(state["step"]) == 3
-    assert list(snap2.directory.iterdir()) == []  # loaded: the live state is newer from now
+    # The optimizer keeps what it is given: its state owns its memory (no view of the file).
+    assert state["exp_avg"].untyped_storage().nbytes() == state["exp_avg"].nbytes
+    # Loaded: the live state is newer from now. No snapshot at once; the files freed after.
+    assert store.scan(snap2.directory, "unit", "default", snap2.model_fingerprint) == ([], [])
+    assert snap2.released is not None
+    snap2.released.join(10)
+    assert list(snap2.directory.iterdir()) == []
 
 
 @pytest.mark.usefixtures("group")

@@ -6,19 +6,19 @@ holders serve, every rank loads the same step, checked.
 2. plan.decide, the same on every rank: memory (which step, who serves what), the
    checkpoint, or nothing.
 3. Memory: a rank that holds the chosen replicated part (the same step and bytes) loads
-   its own copy; the others receive it point to point from those holders (round robin);
-   every copy loaded or sent is checked against its CRC-32s first. For a sharded state
-   every rank also receives, point to point, the
-   rows of each tensor its new shard needs from the rank holding the old shard that has
-   them, into the tensors it will load (a new world size is resharded on the way: each rank
-   receives about 1/world of the state, and needs no memory beyond its new shard); serving
-   ranks check their shard files' CRC-32s first. One all_gather_object says whether any
-   part failed its check: then the plan is made again without those files (at most three
-   times), else the checkpoint.
+   its own copy; the others receive it point to point from those holders (round robin).
+   For a sharded state every rank also receives, point to point, the rows of each tensor
+   its new shard needs from the rank holding the old shard that has them, into the tensors
+   it will load (a new world size is resharded on the way: each rank receives about
+   1/world of the state, and needs no memory beyond its new shard). Every copy loaded or
+   sent is checked against its CRC-32s while the bytes move; one all_gather_object then
+   says whether any part failed its check, before anything is loaded: then the plan is
+   made again without those files (at most three times), else the checkpoint.
 4. Load (set_model_state_dict, each optimizer's load_state_dict, extra), then one
    all_gather_object checks that every rank loaded the same step of the same state.
-   The node's files are removed (the live state is newer from now on), and with a ring
-   replica the new layout is replicated before the first step.
+   The node's files are removed (the live state is newer from now on: renamed at once,
+   freed in a thread), and with a ring replica the new layout is replicated before the
+   first step.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Any
@@ -92,8 +93,10 @@ def restore(
     checks = _gather(snap, (plan.step, digest, source), snap.group)
     if len({(step, d) for step, d, _ in checks}) != 1:
         raise SnapshotError(f"ranks loaded different states: {sorted(set(checks))}")
-    if snap.local_rank == 0 and plan.source == MEMORY:
-        store.clear(snap.directory)
+    # The node's files go (the live state is newer from now on), freed in a thread.
+    node_files = snap.directory if snap.local_rank == 0 and plan.source == MEMORY else None
+    snap.released = store.release(node_files, opened)
+    del files, opened
     snap.gate.done(plan.step, data_position)
     if snap.ring is not None and plan.source != NONE:
         snap.ring.offer(plan.step, data_position, snap.live())
@@ -180,6 +183,7 @@ class _Received:
     header: store.Header
     image: torch.Tensor  # the replicated part's bytes
     shards: dict[int, torch.Tensor]  # spec index -> this rank's new local rows
+    borrowed: set[int]  # the spec indexes of `shards` that are views of this node's files
     nodes: set[str]  # the nodes the bytes came from
 
 
@@ -194,37 +198,41 @@ def _receive(
     dist.broadcast_object_list(box, src=server.rank, group=group)
     header = store.Header.from_json(box[0])
     assert header.replicated is not None
-    image, nodes = _replicated_part(snap, plan, header.replicated.size, files, bad)
-    shards: dict[int, torch.Tensor] = {}
-    if plan.shards:
-        for h in plan.shards.values():
-            if h.rank == me and not files[h.file].verify("shard"):
-                bad.append(h.key())
-        shards, shard_nodes = _reshard(snap, plan, header.specs, files, group)
-        nodes |= shard_nodes
-    return _Received(header, image, shards, nodes)
+    holders = {h.rank: h for h in plan.replicated_holders}
+    checks = [(holders[me], "replicated")] if me in holders else []
+    checks += [(h, "shard") for h in plan.shards.values() if h.rank == me]
+    for h, which in checks:
+        files[h.file].part(which)  # mapped here: the check's thread and this one share it
+    # What this rank serves or loads from its own files is checked while the bytes move:
+    # nothing received is loaded before every rank has said its checks passed (the caller's
+    # gather), so a check need not come first, and its time is hidden behind the transfers.
+    with ThreadPoolExecutor(1, thread_name_prefix="elastic-snapshot-crc") as pool:
+        failed = pool.submit(
+            lambda: [h.key() for h, which in checks if not files[h.file].verify(which)]
+        )
+        image, nodes = _replicated_part(snap, plan, header.replicated.size, files)
+        shards: dict[int, torch.Tensor] = {}
+        borrowed: set[int] = set()
+        if plan.shards:
+            shards, borrowed, shard_nodes = _reshard(snap, plan, header.specs, files, group)
+            nodes |= shard_nodes
+        bad.extend(failed.result())
+    return _Received(header, image, shards, borrowed, nodes)
 
 
 def _replicated_part(
-    snap: Snapshots,
-    plan: Plan,
-    size: int,
-    files: dict[str, store.Opened],
-    bad: list[tuple[str, str]],
+    snap: Snapshots, plan: Plan, size: int, files: dict[str, store.Opened]
 ) -> tuple[torch.Tensor, set[str]]:
     """This rank's replicated bytes, and the nodes they came from: its own copy when it
-    holds the same bytes (checked), else point to point from a rank that does (the ranks
-    that hold nothing are spread over those that hold it, round robin)."""
+    holds the same bytes, else point to point from a rank that does (the ranks that hold
+    nothing are spread over those that hold it, round robin). The caller checks the copies."""
     me, group = snap.rank, snap.group
     holders = {h.rank: h for h in plan.replicated_holders}
     sources = sorted(holders)
     needers = [r for r in range(snap.world) if r not in holders]
     source_of = {needer: sources[i % len(sources)] for i, needer in enumerate(needers)}
     if me in holders:
-        opened = files[holders[me].file]
-        if not opened.verify("replicated"):
-            bad.append(holders[me].key())
-        image = opened.part("replicated")
+        image = files[holders[me].file].part("replicated")
         nodes = {snap.node}
     else:
         image = torch.empty(size, dtype=torch.uint8)
@@ -255,9 +263,10 @@ def _reshard(
     specs: tuple[Spec, ...],
     files: dict[str, store.Opened],
     group: Any,
-) -> tuple[dict[int, torch.Tensor], set[str]]:
+) -> tuple[dict[int, torch.Tensor], set[int], set[str]]:
     """This rank's rows of every sharded tensor in the new world, each received from the
-    rank holding the old shard that has them (point to point; a local copy for its own)."""
+    rank holding the old shard that has them (point to point; a local copy for its own, or
+    the file's own bytes when one local old shard holds them all: `borrowed`)."""
     me, world, old_world = snap.rank, snap.world, plan.world
     old_slots = {
         owner: {s.index: s for s in layout(specs, True, old_world, owner)[0]}
@@ -266,16 +275,28 @@ def _reshard(
     }
     old_bytes = {owner: files[plan.shards[owner].file].part("shard") for owner in old_slots}
     out: dict[int, torch.Tensor] = {}
+    borrowed: set[int] = set()
     nodes: set[str] = set()
+    works: list[Any] = []
+    copies: list[tuple[torch.Tensor, torch.Tensor]] = []
     for index, spec in enumerate(specs):
         if not spec.sharded:
             continue
         length, row_bytes = spec.shape[0], spec.row_bytes()
         start, stop = rows(length, world, me)
-        target = torch.empty((stop - start) * row_bytes, dtype=torch.uint8)
-        works = []
+        holding = _overlapping(length, old_world, start, stop)
+        own = [o for o in holding if plan.shards[o].rank == me]
+        if len(holding) == 1 and own and rows(length, old_world, own[0]) == (start, stop):
+            target = _old_rows(
+                old_bytes[own[0]], old_slots[own[0]][index], row_bytes, start, range(start, stop)
+            )
+            borrowed.add(index)
+            nodes.add(plan.shards[own[0]].node)
+            holding = range(0)  # nothing to copy: the same rows in the same world
+        else:
+            target = torch.empty((stop - start) * row_bytes, dtype=torch.uint8)
         # What this rank receives: the rows [start, stop) from the old shards holding them.
-        for owner in _overlapping(length, old_world, start, stop):
+        for owner in holding:
             old_start, old_stop = rows(length, old_world, owner)
             lo, hi = max(start, old_start), min(stop, old_stop)
             h = plan.shards[owner]
@@ -283,25 +304,42 @@ def _reshard(
             into = target[(lo - start) * row_bytes : (hi - start) * row_bytes]
             if h.rank == me:
                 slot = old_slots[owner][index]
-                into.copy_(_old_rows(old_bytes[owner], slot, row_bytes, old_start, range(lo, hi)))
+                copies.append(
+                    (into, _old_rows(old_bytes[owner], slot, row_bytes, old_start, range(lo, hi)))
+                )
             else:
                 works.append(dist.irecv(into, h.rank, group=group, tag=owner))
-        # What this rank sends: the rows of the old shards it serves to their new ranks.
-        for owner in old_slots:
-            old_start, old_stop = rows(length, old_world, owner)
-            for peer in _overlapping(length, world, old_start, old_stop):
-                if peer == me:
-                    continue
-                peer_start, peer_stop = rows(length, world, peer)
-                lo, hi = max(peer_start, old_start), min(peer_stop, old_stop)
-                slot = old_slots[owner][index]
-                source = _old_rows(old_bytes[owner], slot, row_bytes, old_start, range(lo, hi))
-                works.append(dist.isend(source, peer, group=group, tag=owner))
-        for work in works:
-            if work is not None:
-                work.wait()
+        for owner, old in old_bytes.items():
+            slot = old_slots[owner][index]
+            works += _send_rows(snap, spec, owner, old=old, slot=slot, old_world=old_world)
         out[index] = target.view(spec.torch_dtype()).view(spec.local_shape(world, me))
-    return out, nodes
+    # Every transfer is posted before any is waited for: gloo moves them in its own threads
+    # while this one copies the rows it holds itself (messages between two ranks with one
+    # tag are matched in the order they were posted, the same order on both sides).
+    for into, source in copies:
+        into.copy_(source)
+    for work in works:
+        if work is not None:
+            work.wait()
+    return out, borrowed, nodes
+
+
+def _send_rows(
+    snap: Snapshots, spec: Spec, owner: int, *, old: torch.Tensor, slot: Slot, old_world: int
+) -> list[Any]:
+    """Send the rows of old shard `owner` (its bytes `old`, this tensor at `slot`) to the
+    other ranks whose new shards hold them."""
+    length, row_bytes = spec.shape[0], spec.row_bytes()
+    old_start, old_stop = rows(length, old_world, owner)
+    works = []
+    for peer in _overlapping(length, snap.world, old_start, old_stop):
+        if peer == snap.rank:
+            continue
+        peer_start, peer_stop = rows(length, snap.world, peer)
+        span = range(max(peer_start, old_start), min(peer_stop, old_stop))
+        source = _old_rows(old, slot, row_bytes, old_start, span)
+        works.append(dist.isend(source, peer, group=snap.group, tag=owner))
+    return works
 
 
 def _old_rows(
@@ -319,6 +357,23 @@ def _load(snap: Snapshots, received: _Received) -> str:
     except (SnapshotError, RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
         return f"rank {snap.rank}: {type(exc).__name__}: {exc}"
     return ""
+
+
+def _local(
+    received: _Received, slots: dict[int, Slot], index: int, spec: Spec, copied: bool
+) -> torch.Tensor:
+    """This rank's tensor `index` as received. A tensor that is `copied` on its way (the
+    model's entries, into its own tensors: set_model_state_dict does not assign; or to a
+    GPU) may view a file or the received bytes; the rest (optimizer state, extra) may be
+    kept as given, so such a view becomes a tensor of its own first."""
+    if spec.sharded:
+        local = received.shards[index]
+        viewed = index in received.borrowed
+    else:
+        slot = slots[index]
+        image = received.image[slot.offset : slot.offset + slot.nbytes]
+        local, viewed = image.view(spec.torch_dtype()).view(spec.shape), True
+    return local if copied or not viewed else local.clone()
 
 
 def _set(snap: Snapshots, received: _Received) -> None:
@@ -344,16 +399,9 @@ def _set(snap: Snapshots, received: _Received) -> None:
     def make(index: int, path: tuple[Any, ...]) -> torch.Tensor:
         spec = specs[index]
         model = like(path, spec)
-        if spec.sharded:
-            local = received.shards[index]
-        else:
-            slot = slots[index]
-            local = (
-                received.image[slot.offset : slot.offset + slot.nbytes]
-                .view(spec.torch_dtype())
-                .view(spec.shape)
-                .clone()
-            )
+        # Copied on the way anyway: into the model's own tensors, or to its device.
+        copied = path[0] == "model" or (model is not None and model.device.type != "cpu")
+        local = _local(received, slots, index, spec, copied)
         if isinstance(model, DTensor):
             if tuple(model.shape) != spec.shape:
                 raise SnapshotError(f"{path}: shape {spec.shape}, the model's {tuple(model.shape)}")

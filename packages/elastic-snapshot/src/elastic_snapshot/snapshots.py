@@ -131,6 +131,7 @@ class Snapshots:
             self.ring = Ring(self.rank, self.world, self.local_world, replicate_every, timeout)
         self._save_lock = threading.Lock()
         self._saved: set[str] = set()
+        self.released: threading.Thread | None = None  # freeing the files restore used
         self._validated = False
         self._watch = SignalWatch(self._on_signal)
         self.step_done_seconds = 0.0

@@ -45,6 +45,8 @@ _LENGTH = struct.Struct("<Q")
 _TAIL = _LENGTH.size + len(MAGIC)
 SUFFIX = ".snap"
 TEMP_PREFIX = ".tmp-"
+RELEASED_PREFIX = f"{TEMP_PREFIX}released-"  # renamed by `release`, removed in its thread
+RELEASE_WAIT = 5.0  # s a write that needs their room waits for released files to go
 OWN, REPLICA = "own", "replica"
 _PAD = bytes(ALIGN)
 
@@ -179,8 +181,11 @@ def write(
         for sharded, pieces in ((False, replicated), (True, shard))
         if pieces is not None
     ) + (1 << 20)  # the trailer and some room
-    stat = os.statvfs(where)
-    free = stat.f_bavail * stat.f_frsize
+    free = _room(where)
+    deadline = time.monotonic() + RELEASE_WAIT
+    while free < need and _releasing(where) and time.monotonic() < deadline:
+        time.sleep(0.01)  # a restore's files, being freed by its thread: room within a second
+        free = _room(where)
     if free < need:
         raise OSError(
             errno.ENOSPC,
@@ -229,6 +234,17 @@ def write(
     return final, size
 
 
+def _room(where: Path) -> int:
+    stat = os.statvfs(where)
+    return stat.f_bavail * stat.f_frsize
+
+
+def _releasing(where: Path) -> bool:
+    with contextlib.suppress(FileNotFoundError):
+        return any(p.name.startswith(RELEASED_PREFIX) for p in where.iterdir())
+    return False
+
+
 @dataclass
 class Opened:
     """A snapshot file whose trailer was read and checked; its payload is mapped on demand
@@ -260,6 +276,11 @@ class Opened:
         self.part(which)  # maps the file
         assert self._map is not None
         return bool(crcs(self._map, part.offset, part.size) == part.crcs)
+
+    def close(self) -> None:
+        """Drop the file's map: unmapped here unless a tensor still views it, then when the
+        last one goes (mmap.close would pull the memory from under such a tensor)."""
+        self._map = None
 
 
 def read_header(path: Path) -> Header:
@@ -327,10 +348,46 @@ def scan(where: Path, job: str, name: str, model: str) -> tuple[list[Opened], li
 def clear(where: Path) -> int:
     """Remove every snapshot and temporary file in `where`; how many were removed."""
     removed = 0
-    with contextlib.suppress(FileNotFoundError):
-        for path in where.iterdir():
-            if path.name.endswith(SUFFIX) or path.name.startswith(TEMP_PREFIX):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-                    removed += 1
+    for path in _files(where):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed += 1
     return removed
+
+
+def release(where: Path | None, opened: Iterable[Opened]) -> threading.Thread:
+    """`clear(where)` (None: no files) and unmap `opened`, in a thread: the kernel takes a
+    fraction of a second to free a node's snapshots (gigabytes of memory), which the next
+    step need not wait for. The files are renamed here first, so that once this returns
+    nothing in `where` is taken for a snapshot and a save writes beside them (a `write`
+    that needs their room waits for them to go)."""
+    doomed = []
+    for path in _files(where) if where is not None else ():
+        if path.name.startswith(RELEASED_PREFIX):
+            doomed.append(path)  # another release's, not yet removed
+            continue
+        gone = path.with_name(f"{RELEASED_PREFIX}{os.getpid()}-{path.name}")
+        with contextlib.suppress(FileNotFoundError):
+            path.rename(gone)
+            doomed.append(gone)
+    maps = list(opened)
+
+    def free() -> None:
+        for file in maps:
+            file.close()
+        for path in doomed:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    thread = threading.Thread(target=free, name="elastic-snapshot-release", daemon=True)
+    thread.start()
+    return thread
+
+
+def _files(where: Path) -> list[Path]:
+    """The snapshot and temporary files in `where`."""
+    try:
+        entries = list(where.iterdir())
+    except FileNotFoundError:
+        return []
+    return [p for p in entries if p.name.endswith(SUFFIX) or p.name.startswith(TEMP_PREFIX)]
