@@ -133,7 +133,7 @@ def test_a_release_hides_the_files_at_once_and_frees_them_in_its_thread(tmp_path
     found, _notes = store.scan(tmp_path, "job", "default", "m")
     assert found[0].verify("replicated")  # mapped
     thread = store.release(tmp_path, found)
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(store.SUFFIX)]
+    assert found[0].path.name not in [p.name for p in tmp_path.iterdir()]  # renamed at once
     assert store.scan(tmp_path, "job", "default", "m") == ([], [])
     again = write(tmp_path, 4, value=2.0)  # the same name, written beside the released file
     thread.join(10)
