@@ -42,8 +42,11 @@ def test_own_image_trains_through_the_injected_worker_loses_a_node_and_completes
         # in torch's EtcdStore.get until its 300 s timeout (seen here; torch's, not this
         # test's: the worker image does the same).
         f"--kill={pod(1)}@45:10",
+        # 80 epochs of 1 s: the job must outlast the kill, the killed pod's 10 s back-off and
+        # its return, so that it rejoins and ends with exit 0. With warm starts the three
+        # form in about 7 s on a quiet machine, and 40 epochs ended before it came back.
         command=[
-            "python", "/workspace/own_libraries.py", "40", "1",
+            "python", "/workspace/own_libraries.py", "80", "1",
             "--snapshot-path", "/checkpoints/snapshot.pt", "--epoch-seconds", "1",
         ],
         sets=[
