@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import usercache
 from release_helpers import local_registry
-from testlib import ROOT
+from testlib import ROOT, runner_python
 from workflow_runner import Skip, clean_copy, run_job
 
 INIT_BASE = os.environ.get("ELASTIC_INIT_BASE", "")
@@ -100,9 +100,7 @@ def test_the_charts_workflow_builds_both_images_with_their_contexts(tmp_path: Pa
 @pytest.fixture(scope="module")
 def setup_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """actions/setup-python's part: a clean Python first on PATH (a fresh venv)."""
-    venv = tmp_path_factory.mktemp("setup-python") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    return venv / "bin"
+    return runner_python(tmp_path_factory.mktemp("setup-python") / "venv")
 
 
 @pytest.fixture(scope="session")

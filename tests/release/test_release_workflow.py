@@ -25,7 +25,7 @@ CHARTS = sorted(p.parent.name for p in ROOT.glob("charts/*/Chart.yaml"))
 DIGEST = "@sha256:" + "0123456789abcdef" * 4
 TAG = {"ref_type": "tag", "ref_name": f"v{VERSION}"}
 BASES = {"worker-base": f"nvcr.io/nvidia/pytorch:25.10-py3{DIGEST}",
-         "init-base": f"python:3.11.14-slim-bookworm{DIGEST}"}  # fmt: skip
+         "init-base": f"python:3.11.16-slim-bookworm{DIGEST}"}  # fmt: skip
 DOWNLOAD = Skip("downloads helm from get.helm.sh, unreachable here: .tools/helm3 is `helm`")
 NO_LOGIN = Skip("the local registry takes no login (GITHUB_TOKEN is GitHub's)")
 
