@@ -6,12 +6,14 @@ and scripts/release-sigstore as a module."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
 import importlib.machinery
 import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import usercache
 from testlib import ROOT, free_port
 
 SIGNER = "elastic-job release test <release-test@example.invalid>"
@@ -147,3 +150,26 @@ def release_sigstore() -> Any:
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+#: What the release's jobs pip-install (syft, build, setuptools, twine, their dependencies),
+#: every file pinned by hash.
+RELEASE_TOOLS = ROOT / "requirements" / "release.txt"
+
+
+def release_wheels() -> Path:
+    """requirements/release.txt's wheels (syft's holds its binary), downloaded once per pin
+    into the user's cache (tests/usercache.py): a job's own `pip install --require-hashes`
+    takes them from there (PIP_FIND_LINKS, PIP_NO_INDEX), checking the same hashes, instead
+    of from PyPI on every run."""
+    key = "release-" + hashlib.sha256(RELEASE_TOOLS.read_bytes()).hexdigest()[:12]
+
+    def download(work: Path) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+             "--require-hashes", "--no-deps", "--only-binary=:all:", "-d", str(work),
+             "-r", str(RELEASE_TOOLS)],
+            check=True, timeout=600,
+        )  # fmt: skip
+
+    return usercache.entry("wheels", key, download)
