@@ -131,6 +131,12 @@ def test_the_packages_install_by_name_and_work(built: Path, tmp_path: Path) -> N
     assert plugin.is_file()
 
 
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_packages_license_is_the_repositorys(package: str) -> None:
+    """The sdist and the wheel need the file beside the pyproject: a copy, held equal."""
+    assert (ROOT / "packages" / package / "LICENSE").read_bytes() == (ROOT / "LICENSE").read_bytes()
+
+
 def test_the_versions_are_the_version_file() -> None:
     """scripts/build-packages refuses a package whose version is not VERSION's."""
     for package in PACKAGES:
