@@ -217,7 +217,9 @@ def test_the_charts_job_signs_and_pushes_every_chart_with_its_provenance(
                 "url": key_url,
             }
         # The checkout's Chart.yaml files are left as they are.
-        assert "signKey" not in (checkout / "charts/elastic-job/Chart.yaml").read_text()
+        for chart in CHARTS:
+            kept = yaml.safe_load((checkout / "charts" / chart / "Chart.yaml").read_text())
+            assert "artifacthub.io/signKey" not in kept["annotations"]
 
 
 def test_the_charts_job_refuses_a_published_key_that_is_not_the_signing_key(

@@ -129,7 +129,9 @@ def written_in(pin: Pin) -> str:
 def rule_for(pin: Pin) -> str:
     """The manager that reads `pin`, or '' when none does."""
     path = written_in(pin)
-    built_in = BUILT_IN.get(path.split("/")[0]) or BUILT_IN.get(Path(path).name)
+    built_in = (
+        BUILT_IN.get(path) or BUILT_IN.get(path.split("/")[0]) or BUILT_IN.get(Path(path).name)
+    )
     if built_in and _matches(CONFIG[built_in], path):
         return built_in
     if _matches(CONFIG["helm-values"], path) and _helm_values_reads(path, pin.version):
@@ -139,7 +141,8 @@ def rule_for(pin: Pin) -> str:
 
 
 def test_the_managers_used_are_the_enabled_ones() -> None:
-    used = {"pip_requirements", "pep621", "helm-values", "github-actions", "custom.regex"}
+    used = {"pip_requirements", "pip-compile", "pep621", "helm-values", "github-actions",
+            "custom.regex"}  # fmt: skip
     assert set(CONFIG["enabledManagers"]) == used
     assert all(m["customType"] == "regex" for m in CONFIG["customManagers"])
 
