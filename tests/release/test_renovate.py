@@ -23,14 +23,16 @@ from test_advisories import Pin, all_pins
 from testlib import ROOT
 
 CONFIG: dict[str, Any] = json.loads((ROOT / "renovate.json").read_text())
-#: Which built-in manager reads which of the advisories' pins, by where the pin is made.
 #: Action inputs Renovate's github-actions manager reads itself (`uses-with` dependencies, as
 #: `renovate --platform=local --dry-run=extract` 44.121.2 listed them): no comment is needed.
 ACTION_INPUTS = {
     "helm/chart-testing-action": {"version"},
     "helm/kind-action": {"version", "kubectl_version"},
 }
+#: Which built-in manager reads which of the advisories' pins, by where the pin is made (a
+#: file's own entry first, then its top folder's, then its name's).
 BUILT_IN = {
+    "requirements/release.txt": "pip-compile",
     "requirements": "pip_requirements",
     "ci": "pip_requirements",
     "pyproject.toml": "pep621",
@@ -144,11 +146,17 @@ def test_the_managers_used_are_the_enabled_ones() -> None:
     used = {"pip_requirements", "pip-compile", "pep621", "helm-values", "github-actions",
             "custom.regex"}  # fmt: skip
     assert set(CONFIG["enabledManagers"]) == used
+    assert CONFIG["lockFileMaintenance"]["enabled"] is True  # release.txt's indirect pins
+    header = (ROOT / "requirements/release.txt").read_text()
+    # Options Renovate's pip-compile manager refuses (44.121.2: --no-emit-find-links).
+    assert "--no-emit-find-links" not in header and "--find-links" not in header
     assert all(m["customType"] == "regex" for m in CONFIG["customManagers"])
 
 
 @pytest.mark.parametrize("pin", all_pins(), ids=lambda p: f"{p.where}={p.version}")
 def test_every_pin_the_advisories_read_is_matched_by_a_rule(pin: Pin) -> None:
+    """(pip-compile reads release.in and compiles release.txt again: its indirect pins move
+    with the weekly lock file maintenance, which must be on.)"""
     assert rule_for(pin), (
         f"{pin.where} pins {pin.package} {pin.version} and no renovate.json rule reads it: add "
         "a `# renovate: datasource=... depName=...` comment above it, or a manager pattern"
