@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from elastic_worker.launch.attempt_line import AttemptLine as Attempt
+from elastic_worker.attempt_line import AttemptLine as Attempt
 from elastic_worker.observe import events
 from elastic_worker.observe.metrics import Identity, JobMetrics, Tracker
 from elastic_worker.settings import config

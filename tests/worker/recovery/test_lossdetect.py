@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 from elastic_worker import completion
+from elastic_worker.attempt_line import ATTEMPT_PREFIX
 from elastic_worker.keystore import interface as kvstore
-from elastic_worker.launch.attempt_line import ATTEMPT_PREFIX
 from elastic_worker.recovery import lossdetect as liveness
 from elastic_worker.settings import config
 from testlib import EtcdServer

@@ -20,8 +20,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from elastic_worker import timings
 from elastic_worker.keystore.interface import (
-    DEFAULT_TIMEOUT,
     CompareFailed,
     Entry,
     EtcdError,
@@ -58,7 +58,6 @@ _NODE_EXISTS = 105
 #: before it counts as a refusal: one drop without an alert can be a restart or a proxy
 #: starting up; the same drop for seconds on end is not.
 TLS_DROPS_TO_REFUSE = 3
-TLS_DROP_SECONDS = 5.0
 
 
 def _entry(data: dict[str, Any]) -> Entry:
@@ -78,7 +77,7 @@ class Client:
     def __init__(
         self,
         base_url: str,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float = timings.ETCD_TIMEOUT,
         *,
         context: ssl.SSLContext | None = None,
     ) -> None:
@@ -106,7 +105,7 @@ class Client:
         last_side, count, first = self._drops
         self._drops = (side, count + 1, first) if last_side == side else (side, 1, now)
         _, count, first = self._drops
-        if count < TLS_DROPS_TO_REFUSE or now - first < TLS_DROP_SECONDS:
+        if count < TLS_DROPS_TO_REFUSE or now - first < timings.TLS_DROP_SECONDS:
             return None
         seconds = f"{now - first:.0f} s"
         if side == "protocol":
@@ -239,7 +238,7 @@ class Client:
             return ""
 
 
-def connect(config: Config, timeout: float = DEFAULT_TIMEOUT) -> Client:
+def connect(config: Config, timeout: float = timings.ETCD_TIMEOUT) -> Client:
     """The worker's client for the job's etcd: https with the CA and client certificate
     torch's handler is given (config.RdzvTls), plain http when torch's is. Raises
     config.ConfigError when a TLS file cannot be used."""

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 from torch_etcd_v3 import client as v3
 
+from elastic_worker import timings
 from elastic_worker.keystore.interface import (
-    DEFAULT_TIMEOUT,
     CompareFailed,
     Entry,
     EtcdError,
@@ -201,7 +201,7 @@ class Client:
             return ""
 
 
-def connect(config: Config, timeout: float = DEFAULT_TIMEOUT) -> Client:
+def connect(config: Config, timeout: float = timings.ETCD_TIMEOUT) -> Client:
     """The v3 client for the job's etcd. TLS as the worker's v2 client builds it (the same
     rdzv-conf keys, read the same way, with the worker's error lines); user and
     password_file as torch_etcd_v3 reads them, after the whole rdzv-conf is checked by

@@ -13,9 +13,8 @@ import ssl
 from dataclasses import dataclass
 from typing import Protocol
 
+from elastic_worker import timings
 from elastic_worker.settings.config import Config
-
-DEFAULT_TIMEOUT = 5.0
 
 
 class EtcdError(Exception):
@@ -141,7 +140,7 @@ class KeyStore(Protocol):
         ...
 
 
-def connect(config: Config, timeout: float = DEFAULT_TIMEOUT) -> KeyStore:
+def connect(config: Config, timeout: float = timings.ETCD_TIMEOUT) -> KeyStore:
     """The worker's client for the job's etcd, on the API of config.rdzv_backend, with
     the TLS (and, on v3, the credentials) torch's handler is given. Raises
     config.ConfigError when a TLS file or the rdzv-conf cannot be used."""

@@ -11,8 +11,8 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from elastic_worker import bundle
+from elastic_worker.attempt_line import ATTEMPT_ARGV0, attempt_script
 from elastic_worker.gate.netif import Choice
-from elastic_worker.launch.attempt_line import ATTEMPT_ARGV0, attempt_script
 from elastic_worker.launch.torchrun import argv_prefix
 from elastic_worker.settings.config import Config
 from elastic_worker.warm.protocol import warm_command
@@ -65,21 +65,6 @@ def command_args(
 
 def rdzv_conf_arg(pairs: Sequence[tuple[str, str]]) -> str:
     return ",".join(f"{key}={value}" for key, value in pairs)
-
-
-def local_address(config: Config, choice: Choice | None, mesh: bool) -> str | None:
-    """What the other nodes use to reach this one (rank 0's store, MASTER_ADDR).
-
-    ELASTIC_LOCAL_ADDR, else the mesh interface's address when the mesh was chosen,
-    else POD_IP, else the chosen interface's address; None lets torchrun use the FQDN.
-    """
-    if config.local_addr:
-        return config.local_addr
-    if mesh and choice is not None and choice.address:
-        return choice.address
-    if config.pod_ip:
-        return config.pod_ip
-    return choice.address if choice is not None and choice.address else None
 
 
 def build_argv(

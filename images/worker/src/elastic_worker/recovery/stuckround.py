@@ -23,7 +23,7 @@ reads the round (lifelines/helper.py) and decides (StuckRound):
   barrier or stopping failed workers is in the round its workers ran in), and
 - a node of that round is gone: the round, as first read, held a node it no longer does,
   or its ranks have a gap (0 to n - 1 are given at completion), or this state lasted
-  longer than torch's own keep-alive window plus SLACK (a node that left before the
+  longer than torch's own keep-alive window plus STUCK_SLACK (a node that left before the
   first read and had the last rank leaves no trace; no exchange with every node alive
   takes that long: a node frozen that long is dropped by torch itself).
 
@@ -41,21 +41,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from elastic_worker.launch.attempt_line import Tail, parse_attempt, process_alive
+from elastic_worker import timings
+from elastic_worker.attempt_line import Tail, parse_attempt, process_alive
 from elastic_worker.torchcompat import RdzvNode, RoundView
 
 logger = logging.getLogger(__name__)
-
-POLL = 0.5  # seconds between reads while no worker runs (torch's state cache is 1 s)
-#: Added to torch's keep-alive window: the 1 s poll each node notices a completed round
-#: at, this watch's own poll, and the state cache of the read.
-SLACK = 2.0
 
 
 class StuckRound:
     """The decision, from the rounds read: pure, the clock given."""
 
-    def __init__(self, slack: float = SLACK) -> None:
+    def __init__(self, slack: float = timings.STUCK_SLACK) -> None:
         self.slack = slack
         self.ran: int | None = None  # the round this torchrun's last workers started in
         self._round: int | None = None  # the completed round being watched
@@ -103,7 +99,7 @@ class StuckRoundWatch:
         attempt_log: Path,
         on_stuck: Callable[[str, bool], None],
         *,
-        poll: float = POLL,
+        poll: float = timings.STUCK_POLL,
         decide: StuckRound | None = None,
     ) -> None:
         self.own, self.read_round, self.on_stuck = own, read_round, on_stuck

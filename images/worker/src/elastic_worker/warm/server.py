@@ -43,14 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastic_worker import bundle, torchcompat
+from elastic_worker import bundle, timings, torchcompat
 from elastic_worker.warm import child, master, protocol
 
 logger = logging.getLogger("elastic_worker.warm.server")
 
 PR_SET_PDEATHSIG = 1
-#: How long start() waits for the server's socket (a client finding none starts cold).
-BIND_WAIT = 5.0
 
 
 def _fork_safe() -> str | None:
@@ -357,7 +355,7 @@ def start(
     )
     # It binds within a few tens of ms (before it imports): wait for that, so that no
     # client finds the path missing and starts cold.
-    deadline = time.monotonic() + BIND_WAIT
+    deadline = time.monotonic() + timings.WARM_BIND_WAIT
     while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     return Handle(proc, path, directory)
