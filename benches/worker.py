@@ -3,8 +3,8 @@ place: when the worker's modules move, this file changes and no bench does.
 
 The benches run the worker's own code where a pod would (the node-loss policy with its
 lifelines, the leave at SIGTERM, warm starts, the round liveness) and its defaults
-(settings), so that a figure measures what the chart runs. (`parse_attempt`: tests/bench check that the attempt line
-the soak writes is one the worker reads.)
+(settings), so that a figure measures what the chart runs. (`parse_attempt`: tests/bench
+check that the attempt line the soak writes is one the worker reads.)
 """
 
 from __future__ import annotations

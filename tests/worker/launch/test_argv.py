@@ -114,9 +114,7 @@ def test_build_env_adds_interfaces_and_timeouts_but_keeps_what_the_user_set() ->
 def test_local_address_precedence() -> None:
     mesh = Choice("wg0", "198.19.1.1", "mesh")
     eth = Choice("eth0", "198.18.0.9", "route")
-    assert (
-        netif.local_address(cfg(["t.py"], ELASTIC_LOCAL_ADDR="1.2.3.4"), mesh, True) == "1.2.3.4"
-    )
+    assert netif.local_address(cfg(["t.py"], ELASTIC_LOCAL_ADDR="1.2.3.4"), mesh, True) == "1.2.3.4"
     assert netif.local_address(cfg(["t.py"]), mesh, True) == "198.19.1.1"
     assert netif.local_address(cfg(["t.py"]), eth, False) == "198.18.0.7"  # POD_IP
     assert netif.local_address(cfg(["t.py"], POD_IP=""), eth, False) == "198.18.0.9"

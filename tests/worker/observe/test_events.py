@@ -50,8 +50,8 @@ def test_events_on_the_pod_and_the_statefulset(tmp_path: Path) -> None:
     with FakeApiServer({}, workdir=tmp_path, namespace="ml") as api:
         rec = events.recorder(load(api))
         assert rec.enabled
-        rec.record("Reformed", "re-formed at world size 2 after 5.6 s")
-        rec.record("JobCompleted", "training complete", job=True)
+        rec.record(events.REFORMED, "re-formed at world size 2 after 5.6 s")
+        rec.record(events.JOB_COMPLETED, "training complete", job=True)
         rec.close()
         pod_event, job_event = posted(api)
     assert pod_event["involvedObject"] == {
@@ -71,7 +71,7 @@ def test_events_on_the_pod_and_the_statefulset(tmp_path: Path) -> None:
 def test_off_or_without_api_access_nothing_is_recorded(tmp_path: Path) -> None:
     with FakeApiServer({}, workdir=tmp_path, namespace="ml") as api:
         rec = events.recorder(load(api, ELASTIC_EVENTS="false"))
-        rec.record("Reformed", "x")
+        rec.record(events.REFORMED, "x")
         rec.close()
         assert not rec.enabled and api.requests == []
     assert not events.recorder(load(None)).enabled
@@ -84,8 +84,8 @@ def test_a_403_is_said_once_with_the_missing_grant_then_no_more_tries(
         api.set_fault(r"/events$", 403)
         rec = events.recorder(load(api))
         with caplog.at_level(logging.INFO, logger="elastic_worker.observe.events"):
-            rec.record("Reformed", "a")
-            rec.record("Reformed", "b")
+            rec.record(events.REFORMED, "a")
+            rec.record(events.REFORMED, "b")
             rec.close()
         assert len(api.requests) == 1
     # The recorder's own warnings: a lease thread left by an earlier test of this process
@@ -105,15 +105,20 @@ def test_a_hanging_api_server_never_blocks_the_worker(tmp_path: Path) -> None:
         rec = events.recorder(load(api))
         started = time.monotonic()
         for i in range(5):
-            rec.record("Reformed", str(i))
+            rec.record(events.REFORMED, str(i))
         assert time.monotonic() - started < 0.5  # record() only queues
         rec.close(wait=1.0)
         assert time.monotonic() - started < 2.0  # close() waits a bounded time
 
 
 def tracker(notes: list[tuple[str, str, str]], now: list[float]) -> Tracker:
+    """A tracker whose Events land in `notes` as (reason, message, type)."""
     metrics = JobMetrics(Identity("run42", "default"))
-    return Tracker(metrics, 2, 3, 5, clock=lambda: now[0], notify=lambda *a: notes.append(a))
+
+    def notify(reason: events.Reason, message: str) -> None:
+        notes.append((reason.name, message, reason.type))
+
+    return Tracker(metrics, 2, 3, 5, clock=lambda: now[0], notify=notify)
 
 
 def attempt(nodes: int, pid: int, rank: int = 0) -> Attempt:

@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from elastic_worker import timings
 from elastic_worker.recovery.lifelines import client as lifeline
 from elastic_worker.recovery.lifelines.client import LifelineWatcher as Watcher
 from elastic_worker.recovery.lifelines.client import Verdict
@@ -72,7 +73,7 @@ def test_a_peer_that_does_not_answer_proves_nothing() -> None:
         started = time.monotonic()
         found, _ = lifeline.verdict(("127.0.0.1", 42), mute.getsockname()[1])
     assert found == Verdict.UNKNOWN
-    assert time.monotonic() - started < lifeline.CONNECT_TIMEOUT + 1
+    assert time.monotonic() - started < timings.LIFELINE_CONNECT_TIMEOUT + 1
 
 
 def test_a_peer_whose_processes_die_is_taken_out_within_a_second() -> None:

@@ -31,6 +31,7 @@ from elastic_worker.keystore.interface import (
     NodeExists,
     TlsRefused,
     Unavailable,
+    Write,
 )
 from elastic_worker.keystore.interface import tls_refusal as _tls_refusal
 from elastic_worker.settings.config import Config
@@ -68,7 +69,7 @@ def _entry(data: dict[str, Any]) -> Entry:
     )
 
 
-class Client:
+class Client(KeyStore):
     """The v2 keys API (kvstore.KeyStore). `context` is the TLS context for an https
     `base_url` (config.RdzvTls.context)."""
 
@@ -182,31 +183,20 @@ class Client:
         return _entry(self._request("GET", key, query)["node"])
 
     def get_value(self, key: str) -> str | None:
-        """The key's value, or None when it does not exist."""
         try:
             return self.get(key).value
         except KeyNotFound:
             return None
 
-    def set(
-        self,
-        key: str,
-        value: str,
-        *,
-        ttl: int | None = None,
-        prev_exist: bool | None = None,
-        prev_value: str | None = None,
-    ) -> Entry:
-        """Write a key; `prev_exist`/`prev_value` make it a compare-and-swap
-        (NodeExists, KeyNotFound or CompareFailed when the comparison fails)."""
+    def _write(self, key: str, value: str, how: Write) -> Entry:
         form = {"value": value}
-        if ttl is not None:
-            form["ttl"] = str(ttl)
+        if how.ttl is not None:
+            form["ttl"] = str(how.ttl)
         query: dict[str, str] = {}
-        if prev_exist is not None:
-            query["prevExist"] = str(prev_exist).lower()
-        if prev_value is not None:
-            query["prevValue"] = prev_value
+        if how.prev_exist is not None:
+            query["prevExist"] = str(how.prev_exist).lower()
+        if how.prev_value is not None:
+            query["prevValue"] = how.prev_value
         return _entry(self._request("PUT", key, query or None, form)["node"])
 
     def delete(self, key: str, *, prev_value: str | None = None) -> None:
@@ -215,7 +205,6 @@ class Client:
             self._request("DELETE", key, query)
 
     def list_dir(self, key: str) -> list[Entry]:
-        """The direct children of a directory; empty when it does not exist."""
         try:
             return list(self.get(key).children)
         except KeyNotFound:
@@ -230,7 +219,6 @@ class Client:
         return Client(self.base_url, timeout, context=self.context)
 
     def server_version(self) -> str:
-        """etcd's /version, e.g. '3.6.0', or '' when it cannot be read."""
         try:
             with self._open(f"{self.base_url}/version") as r:
                 return str(json.loads(r.read()).get("etcdserver", ""))

@@ -30,6 +30,7 @@ from elastic_worker.keystore.interface import (
     NoApi,
     NodeExists,
     Unavailable,
+    Write,
     tls_refusal,
 )
 from elastic_worker.settings.config import Config, ConfigError
@@ -37,7 +38,7 @@ from elastic_worker.settings.config import Config, ConfigError
 T = TypeVar("T")
 
 
-class Client:
+class Client(KeyStore):
     """One etcd; thread-safe (EtcdClient opens a connection per request)."""
 
     api = "v3"
@@ -88,15 +89,8 @@ class Client:
             self._leases[key] = (lease, ttl)
         return lease
 
-    def set(
-        self,
-        key: str,
-        value: str,
-        *,
-        ttl: int | None = None,
-        prev_exist: bool | None = None,
-        prev_value: str | None = None,
-    ) -> object:
+    def _write(self, key: str, value: str, how: Write) -> object:
+        ttl, prev_exist, prev_value = how.ttl, how.prev_exist, how.prev_value
         raw = key.encode()
         lease = self._lease(key, ttl) if ttl else 0
         if not ttl:

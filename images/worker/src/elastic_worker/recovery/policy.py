@@ -356,6 +356,7 @@ class TorchrunWatch:
         #: The round's operations, shared by the lifelines, the stuck-round watch and the
         #: leave at a signal (None: no lifelines; a leave then runs here, importing torch).
         self.ops: rounds.RoundOps | None = None
+        self.lifelines: LifelineWatcher | None = None  # while it runs
         self._leaving: threading.Thread | None = None
 
     def own(self) -> RdzvNode | None:
@@ -377,7 +378,7 @@ class TorchrunWatch:
         if supervisor is not None:
             stuck = StuckRoundWatch(self.own, ops.round, log, self.stuck_round).start()
         tail = Tail(log)
-        watcher = LifelineWatcher(
+        self.lifelines = watcher = LifelineWatcher(
             self.own,
             cfg.lifeline_port,
             ops.participants,
