@@ -127,7 +127,8 @@ def test_exit_code_maps_signals_like_a_shell() -> None:
 
 
 def test_torch_reads_the_variables_build_env_sets(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pins the torch 2.13 behaviour docs/recovery.md relies on; fails loudly if it moves."""
+    """Pins the torch 2.13 behaviour the worker relies on
+    (docs/notes/2026-11-21-torch-rendezvous-settings.md); fails loudly if it moves."""
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     handler = object.__new__(DynamicRendezvousHandler)
     assert handler.use_agent_store is False

@@ -1,7 +1,7 @@
-"""leave.py: a stopped node's way out of torch's rendezvous round. It runs torch internals,
-so these tests pin them: the torch version it was checked against, and the behaviour on a
-real etcd (both backends) with an agent that joined a round and went away, as torchrun
-does after a SIGTERM."""
+"""round.py: a node taken out of torch's rendezvous round (a stopped one, a dead peer). It
+runs torch internals, so these tests pin them: the torch version it was checked against,
+and the behaviour on a real etcd (both backends) with an agent that joined a round and
+went away, as torchrun does after a SIGTERM."""
 
 from __future__ import annotations
 
@@ -73,8 +73,8 @@ def _agent(cfg: config.Config, run_id: str, timeout: float = 60) -> tuple[int, f
 
 
 def test_the_torch_leave_py_was_checked_against_is_the_one_pinned() -> None:
-    """leave.py reads torch internals (dynamic_rendezvous). Bumping torch in
-    requirements/dev.txt fails here: re-read leave.py against the new torch, run this file,
+    """round.py reads torch internals (dynamic_rendezvous, through torchcompat). Bumping torch in
+    requirements/dev.txt fails here: re-read round.py against the new torch, run this file,
     then update the version below."""
     pinned = re.search(r"^torch==(\S+)$", (ROOT / "requirements" / "dev.txt").read_text(), re.M)
     assert pinned is not None

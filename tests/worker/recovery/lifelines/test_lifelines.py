@@ -1,5 +1,5 @@
 """lifeline.py: a peer's processes seen dying through the connection they held, and only
-then its node taken out of the round (the node itself is in recovery/test_leave.py and
+then its node taken out of the round (the node itself is in recovery/test_round.py and
 test_pod.py)."""
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def test_a_live_peer_whose_connection_dropped_stays_and_is_held_again() -> None:
 
 def test_a_peer_that_ends_on_purpose_says_goodbye_and_is_not_taken_out() -> None:
     """The job done or a SIGTERM: its elastic-worker stops its lifeline; its node is its own
-    business (leave.py), not a death for the others to act on."""
+    business (the node-loss policy's SIGTERM row), not a death for the others to act on."""
     port = free_port()
     server = Server("127.0.0.2", port, lambda: 8).start()
     removed: list[tuple[Node, float]] = []

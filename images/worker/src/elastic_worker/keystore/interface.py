@@ -1,4 +1,4 @@
-"""The project's own etcd keys (completion marker, epoch, members, round liveness) through
+"""The project's own etcd keys (completion marker, generation, members, round keys) through
 one interface, on the API of the job's rendezvous backend: etcdv2.Client (etcd's v2 keys
 API, TTLs) for etcd-v2, etcdv3.Client (the v3 API, leases) for etcd-v3.
 

@@ -78,7 +78,7 @@ def build_argv(
     report: str | None = None,
 ) -> list[str]:
     """torchrun's command line (torch's, through torchrun.py for the exit barrier's
-    timeout); `rdzv_id` defaults to the job id (epoch 0, epoch.py), `pwd` is PWD in
+    timeout); `rdzv_id` defaults to the job id (generation 0), `pwd` is PWD in
     torchrun's environment (attempt_script), `warm_socket` the warm server's (warm.py),
     if one runs, `report` where torchrun tells when its workers succeeded."""
     argv = [
@@ -113,9 +113,9 @@ def build_env(
         default("NCCL_SOCKET_IFNAME", choice.nccl)
         default("GLOO_SOCKET_IFNAME", choice.gloo)
     default("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(shutdown_timeout(config.grace_period)))
-    # Recovery (docs/recovery.md): with the agent's shared TCPStore, restarted workers
-    # read the previous attempt's gloo addresses (connection refused) and a survivor
-    # keeps the dead rank 0's store address (init_process_group hangs). Off: each
+    # With the agent's shared TCPStore (docs/notes/2026-11-21-torch-rendezvous-settings.md),
+    # restarted workers read the previous attempt's gloo addresses (connection refused) and
+    # a survivor keeps the dead rank 0's store address (init_process_group hangs). Off: each
     # round's rank 0 worker hosts a fresh store on a port published for that round.
     default("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     default("PYTHONUNBUFFERED", "1")

@@ -43,8 +43,8 @@ STATES = (
     "completed",
     "failed",
 )
-# Re-form durations: the measured floor is ~5 s (docs/recovery.md); torch's defaults
-# take ~50 s; a stuck rendezvous runs into the join timeout (600 s).
+# Re-form durations: seconds with the chart's defaults (docs/benchmarks.md), about a
+# minute with torch's; a stuck rendezvous runs into the join timeout (600 s).
 REFORM_BUCKETS = (1, 2.5, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600)
 # Steps lost per re-form: 0 or 1 from memory (packages/elastic-snapshot), up to a
 # checkpoint interval (tens to thousands of steps) from the checkpoint.

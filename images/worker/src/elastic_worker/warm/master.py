@@ -3,10 +3,10 @@
 Under elastic-worker's rendezvous (etcd-v2 or etcd-v3: torch's agent-shared store is off),
 worker rank 0's `init_process_group` (env://) hosts the round's TCPStore on MASTER_PORT and
 every other rank connects to it. A rank whose connection comes before rank 0 listens is
-refused, and torch retries after an exponential backoff with jitter: measured here, a
-client that started 20-200 ms before the server connected 0.3-0.6 s after it was up. The
-ranks start together after a re-form, so one of them loses that race on most re-forms,
-and the whole group waits for it (docs/recovery.md, "Warm starts").
+refused, and torch retries after an exponential backoff with jitter, tenths of a second
+after the server is up. The ranks start together after a re-form, so one of them loses
+that race on most re-forms, and the whole group waits for it (measured:
+docs/notes/2026-11-26-warm-starts.md).
 
 So in a warm child (torchcompat.wait_before_env_rendezvous) a rank other than 0 polls
 rank 0's port (timings.py: every MASTER_POLL, every MASTER_SLOW_POLL once rank 0 is late

@@ -39,7 +39,7 @@ class LifelineServer:
 
     def stop(self) -> None:
         """Say goodbye on every lifeline, then close: an elastic-worker that ends on purpose
-        (the job done, a SIGTERM) is no death; its own exit handles its node (recovery/leave.py)."""
+        (the job done, a SIGTERM) is no death; its own exit handles its node (policy.py)."""
         self._stop.set()
         self._thread.join(timeout=2)
         for key in list(self._sel.get_map().values()):
