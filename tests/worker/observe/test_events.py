@@ -5,6 +5,7 @@ the state machine (metrics.Tracker) reports to it."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -181,3 +182,25 @@ def test_the_worker_records_its_gate_timeout_on_its_pod(tmp_path: Path) -> None:
     assert (event["reason"], event["type"]) == ("GateTimeout", "Warning")
     assert event["message"].startswith("readiness gate timed out after 2 s waiting for: ")
     assert event["involvedObject"]["uid"] == "uid-0"
+
+
+def test_every_reason_is_in_the_contracts_events_table_and_only_those() -> None:
+    """docs/contracts.md's Events table and events.REASONS: the same names, types and
+    objects (the table says more of when)."""
+    from testlib import ROOT  # noqa: PLC0415
+
+    text = (ROOT / "docs" / "contracts.md").read_text()
+    section = text[text.index("## Events") : text.index("## Reference training script")]
+    rows = re.findall(r"^\| `(\w+)` \| (Normal|Warning) \| ([\w; ]+) \|", section, re.M)
+    table = {name: (kind, tuple(o.strip() for o in on.split(";"))) for name, kind, on in rows}
+    assert table == {r.name: (r.type, r.on) for r in events.REASONS}
+
+
+def test_every_reason_the_worker_records_is_named_in_the_table() -> None:
+    """No Event reason is written as a string anywhere in the worker: each is a Reason."""
+    src = Path(events.__file__).parents[1]
+    names = {r.name for r in events.REASONS}
+    for path in src.rglob("*.py"):
+        for name in re.findall(r'record\(\s*"(\w+)"', path.read_text()):
+            raise AssertionError(f"{path}: record({name!r}) is not a Reason")
+    assert len(names) == len(events.REASONS)
