@@ -29,7 +29,7 @@ RDZV_PROFILES: dict[str, tuple[str, Callable[[int], str]]] = {
 }
 #: Seconds a rendezvous may take before the run counts as failed: torch's protocol either
 #: completes in seconds or, once heartbeats stop landing, evicts and re-admits agents
-#: without end (docs/recovery.md, "Rendezvous at scale").
+#: without end (docs/notes/2026-11-25-rendezvous-at-scale.md).
 RDZV_LIMIT_S = 60.0
 #: Agents per process: several threads share one interpreter, as in the brief's figure;
 #: more processes (true parallelism on the same two cores) only add contention.

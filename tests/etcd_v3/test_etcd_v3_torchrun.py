@@ -50,9 +50,10 @@ class Torchrun:
         ]  # fmt: skip
         env = {"PATH": "/usr/bin:/bin", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
         if share_opt_out:
-            # As elastic-worker sets it (docs/recovery.md: with the agent's shared TCPStore
-            # a re-formed group can read a dead peer's gloo address and hang). Each round's
-            # master address then travels through this backend's store.
+            # As elastic-worker sets it (with the agent's shared TCPStore,
+            # docs/notes/2026-11-21-torch-rendezvous-settings.md: a re-formed group can read
+            # a dead peer's gloo address and hang). Each round's master address then travels
+            # through this backend's store.
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(

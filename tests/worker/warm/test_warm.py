@@ -17,7 +17,7 @@ from elastic_worker.warm import server as warm
 from elastic_worker.warm.protocol import warm_command
 from testlib import EtcdServer, start_etcd
 
-from worker.launch.test_attempt_line import attempt_lines, cfg, records, torchrun
+from worker.test_attempt_line import attempt_lines, cfg, records, torchrun
 from worker.warm.warmlib import client, run
 from worker.worker_helpers import PYTHON, descendants, wait_until
 

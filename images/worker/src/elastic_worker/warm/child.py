@@ -92,7 +92,7 @@ def _keep_for_exit() -> None:
     freed with the GIL held: ~ProcessGroupGloo then ran when the script's main() returned
     and waited forever for a worker thread that was waiting for the GIL, to free the
     last tensor of a collective it had just finished (pytorch/pytorch#56297; gdb stacks in
-    docs/recovery.md, "The end of a job"). What it relies on of torch is torchcompat.py's
+    docs/notes/2026-11-27-end-of-job.md). What it relies on of torch is torchcompat.py's
     (keep_destroyed_group); a torch without it keeps nothing here (the server said so).
 
     The kept group is released by an exit handler registered before the script's (so it
