@@ -379,7 +379,9 @@ def test_a_killed_node_costs_one_restart_and_seconds(
         assert max(restart for _, _, restart in after) == 1
         assert any(line.startswith("[train] resumed step=") for line in agent.train_lines(killed))
         assert agent.train_lines()[-1] == "[train] done step=50"
-    assert rounds(agents) == [3, 2]  # what the local run's summary counts
+    # What the local run's summary counts: the kill cost one round of two after the round
+    # of three (a node late to the bring-up on a loaded machine may add a round before).
+    assert rounds(agents)[-2:] == [3, 2]
     assert took < 60  # a few seconds (docs/benchmarks.md); generous for loaded CI
 
 
