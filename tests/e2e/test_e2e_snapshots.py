@@ -40,6 +40,15 @@ START = re.compile(
 )
 
 
+def epochs_command(epochs: int, every: int) -> list[str]:
+    """user_script/epoch_snapshots.py: DDP whose step is an epoch (6-8 optimizer steps of
+    0.3 s), its own checkpoint every `every` epochs."""
+    return [
+        "python", "/opt/user-script/epoch_snapshots.py", str(epochs), str(every),
+        "--checkpoint-path", "/checkpoints/epochs.pt", "--batch-seconds", "0.3",
+    ]  # fmt: skip
+
+
 def snap_command(steps: int, every: int) -> list[str]:
     return [
         "python", "/opt/user-script/snap_train.py", "--fsdp", "--steps", str(steps),
@@ -124,6 +133,57 @@ def test_each_loss_resumes_at_the_step_before_it_from_a_peers_memory(tmp_path: P
         ), (cause, step)
     said = run.timeline("state restored at step")
     assert "from peer-memory" in said, said
+    assert_cleaned_up(run)
+
+
+EPOCH = re.compile(r"^\[train\] step=(\d+) world_size=(\d+) digest=(\S+)$")
+RESUMED = re.compile(r"^\[train\] resumed step=(\d+) source=(\S+) digest=(\S+)$")
+
+
+def epoch_starts(run: LocalRun, n: int) -> list[tuple[int, str, str, tuple[int, str] | None]]:
+    """pod n's resumed lines: (epoch, source, digest, the last epoch and digest printed
+    before it)."""
+    out = []
+    last: tuple[int, str] | None = None
+    for line in run.log(pod(n)).splitlines():
+        if m := EPOCH.match(line):
+            last = (int(m[1]), m[3])
+        elif m := RESUMED.match(line):
+            out.append((int(m[1]), m[2], m[3], last))
+    return out
+
+
+def test_a_script_whose_step_is_an_epoch_loses_only_the_epoch_in_progress(tmp_path: Path) -> None:
+    """user_script/epoch_snapshots.py, pytorch/examples' DDP tutorial adopting the library in
+    the README's lines with `step_done` once per epoch (6 optimizer steps at three pods),
+    its own checkpoint every 20 epochs: pod 1 SIGKILLed during epoch 5, back 10 s later.
+    The survivors resume from memory at the last epoch they completed, with exactly its
+    state (only the epoch in progress is redone; the checkpoint holds nothing past epoch
+    0); when pod 1 rejoins, torchrun stops the two mid-epoch and they save at once: that
+    round resumes from memory too. The script was told at its first epoch's end."""
+    run = run_user_script(
+        tmp_path, f"--kill={pod(1)}@step=4:10", command=epochs_command(26, 20), timeout=240
+    )
+    s = run.summary
+    assert run.rc == 0, run.describe()
+    assert s["completed"] is True, run.describe()
+    assert in_order(s["world_sizes"], [3, 2, 3]), run.describe()
+    said = run.timeline("[train] resumed", "restored", "came after", "not saving")
+    kill = reform(run, f"kill {pod(1)}")
+    assert kill["world_size"] == 2, (kill, said)
+    assert kill["state_from"] in ("local-memory", "peer-memory"), (kill, said)
+    assert kill["steps_lost"] == 0, (kill, said)
+    assert kill["resumed_step"] >= 4, (kill, said)
+    for n in (0, 2):
+        epoch, source, digest, last = epoch_starts(run, n)[0]
+        # The last epoch this pod completed before the kill, to the last bit.
+        assert (epoch, digest) == last, (n, epoch, source, digest, last, said)
+    rejoin = reform(run, "world size 2 -> 3")
+    assert rejoin["state_from"] in ("local-memory", "peer-memory"), (rejoin, said)
+    assert rejoin["steps_lost"] == 0, (rejoin, said)
+    assert s["checkpoint_steps"] == [20], run.describe()
+    assert "not saving the live state" not in said, said
+    assert re.search(r"step 1 came after 6 optimizer steps: from now on", run.log(pod(0))), said
     assert_cleaned_up(run)
 
 

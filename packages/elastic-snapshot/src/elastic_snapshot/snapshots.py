@@ -181,7 +181,10 @@ class Snapshots:
     def _say_copying(self, step: int, updates: int, ring_copied: bool) -> None:
         copy = self.step_copy
         if copy is not None and copy.copies:
-            cost = f"{copy.nbytes / 1e6:.1f} MB of host memory, {copy.seconds:.3f} s per step_done"
+            cost = (
+                f"{report.size(copy.nbytes)} of host memory, "
+                f"{report.duration(copy.seconds)} per step_done"
+            )
         else:  # a sharded state whose ring replica copies every step
             cost = "the ring replica's copies hold each step: nothing more"
         report.say(
