@@ -3,7 +3,11 @@ test; a node of its own: LOCAL_WORLD_SIZE=1, its own snapshot directory): DDP ov
 AdamW, a script whose step is an epoch of UPDATES optimizer steps, `step_done(epoch, ...)`
 once per epoch, as a user adopts the library in the README's few lines.
 
-    epoch_ranks.py DIR fail       three epochs, then a failure halfway through the fourth
+    epoch_ranks.py DIR fail [PARALLEL]
+                                  PARALLEL: ddp (default), fsdp2 (FSDP2 without a ring
+                                  replica: each rank copies its shard) or fsdp2-ring (the
+                                  ring replica every step: its copies are the ones saved);
+                                  three epochs, then a failure halfway through the fourth
                                   (an exception leaves `with snap:`, as a collective whose
                                   peer is gone raises); a fresh model restored; halfway
                                   through its next epoch a failure again; restored again.
@@ -30,6 +34,8 @@ import torch
 import torch.distributed as dist
 from elastic_snapshot import Snapshots
 from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 UPDATES = 4  # optimizer steps per epoch (fail)
@@ -37,10 +43,21 @@ TRAIN_UPDATES = 60  # per epoch (train): 3 s of an epoch, beyond consistent_time
 SLEEP = 0.05
 
 
-def build() -> tuple[nn.Module, torch.optim.Optimizer]:
+def build(parallel: str = "ddp") -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    net = DistributedDataParallel(nn.Sequential(nn.Linear(7, 13), nn.Tanh(), nn.Linear(13, 1)))
+    layers = nn.Sequential(nn.Linear(7, 13), nn.Tanh(), nn.Linear(13, 1))
+    if parallel == "ddp":
+        net: nn.Module = DistributedDataParallel(layers)
+    else:
+        for layer in layers:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        net = fully_shard(layers)
     return net, torch.optim.AdamW(net.parameters(), lr=0.05)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def update(net: nn.Module, optim: torch.optim.Optimizer, epoch: int, i: int) -> None:
@@ -51,10 +68,10 @@ def update(net: nn.Module, optim: torch.optim.Optimizer, epoch: int, i: int) -> 
 
 
 def state(net: nn.Module, optim: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The parameters and optimizer state, copied, in a fixed order."""
-    out = [p.detach().clone() for p in net.parameters()]
+    """This rank's parameters and optimizer state, copied, in a fixed order."""
+    out = [local(p).detach().clone() for p in net.parameters()]
     for p in net.parameters():
-        out += [v.clone() for _, v in sorted(optim.state[p].items())]
+        out += [local(v).clone() for _, v in sorted(optim.state[p].items())]
     return out
 
 
@@ -67,15 +84,18 @@ def same(now: list[torch.Tensor], then: list[torch.Tensor] | None) -> bool:
     return then is not None and len(now) == len(then) and all(map(torch.equal, now, then))
 
 
-def snapshots(directory: Path, net: nn.Module, optim: torch.optim.Optimizer) -> Snapshots:
-    return Snapshots(net, optim, directory=directory, job="epochs")
+def snapshots(
+    directory: Path, net: nn.Module, optim: torch.optim.Optimizer, parallel: str = "ddp"
+) -> Snapshots:
+    every = 1 if parallel == "fsdp2-ring" else 0
+    return Snapshots(net, optim, directory=directory, job="epochs", replicate_every=every)
 
 
-def fail(directory: Path) -> None:
+def fail(directory: Path, parallel: str = "ddp") -> None:
     """A failure halfway through an epoch saves the state of the last step_done, exactly;
     the process restored from it keeps copying from its first step."""
-    net, optim = build()
-    snap = snapshots(directory, net, optim)
+    net, optim = build(parallel)
+    snap = snapshots(directory, net, optim, parallel)
     snap.restore()
     kept = {}
     try:
@@ -92,8 +112,8 @@ def fail(directory: Path) -> None:
     stats = snap.stats()
     snap.close()
     dist.barrier()
-    again, again_optim = build()
-    second = snapshots(directory, again, again_optim)
+    again, again_optim = build(parallel)
+    second = snapshots(directory, again, again_optim, parallel)
     restored = second.restore()
     exact = same(state(again, again_optim), kept.get(restored.step))
     # Halfway through the next epoch, before any step_done of this process: lost again.
@@ -106,8 +126,8 @@ def fail(directory: Path) -> None:
         pass
     second.close()
     dist.barrier()
-    third, third_optim = build()
-    then = snapshots(directory, third, third_optim).restore()
+    third, third_optim = build(parallel)
+    then = snapshots(directory, third, third_optim, parallel).restore()
     print(
         json.dumps(
             {
@@ -170,8 +190,10 @@ def per_step(directory: Path) -> None:
 def main() -> None:
     directory = Path(sys.argv[1]) / f"node-{os.environ['RANK']}"
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    modes = {"fail": fail, "train": train, "restore": restore, "per-step": per_step}
-    modes[sys.argv[2]](directory)
+    if sys.argv[2] == "fail":
+        fail(directory, *sys.argv[3:])
+    else:
+        {"train": train, "restore": restore, "per-step": per_step}[sys.argv[2]](directory)
     dist.barrier()
     dist.destroy_process_group()
 

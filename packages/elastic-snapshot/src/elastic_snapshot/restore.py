@@ -104,7 +104,7 @@ def restore(
         assert snap.ring is not None
         snap.ring.offer(plan.step, data_position, snap.live())
     if copying:  # a loss before its next step_done must find this step's state
-        snap.copy_each_step(plan.step, data_position, ring_copied=ring_copied)
+        snap._copy_each_step(plan.step, data_position, ring_copied=ring_copied)
     seconds = time.monotonic() - started
     report.progress(report.restored_line(plan.step, source, plan.lost))
     if snap.rank == 0 and plan.source != NONE:

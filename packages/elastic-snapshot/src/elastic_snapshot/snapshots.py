@@ -55,6 +55,10 @@ class Snapshots:
                 ...; optimizer.step()
                 snap.step_done(step, data_position)
 
+    A step may be one optimizer step or several (an epoch): from the first step_done that
+    closes several steps of an optimizer, the state of each step_done is copied to host
+    memory (stepcopy.py), so that a loss costs at most the step in progress either way.
+
     Options: `directory` (default $ELASTIC_SNAPSHOT_DIR or /dev/shm/elastic-snapshot: node-local
     memory), `name` (one job may train several models), `job` (default $ELASTIC_JOB_ID, else
     torchrun's run id), `replicate_every` (sharded state: steps between ring replicas; 1 loses at
@@ -158,13 +162,13 @@ class Snapshots:
             assert self.ring is not None
             self.ring.offer(step, data_position, self.live())
         if updates > 1 and not self.copying:
-            self.copy_each_step(step, data_position, ring_copied=ring_copied)
+            self._copy_each_step(step, data_position, ring_copied=ring_copied)
             self._say_copying(step, updates, ring_copied)
         elif self.copying:
             self._take_copy(step, data_position, ring_copied=ring_copied)
         self.step_done_seconds += time.monotonic() - started
 
-    def copy_each_step(self, step: int, data_position: Json, *, ring_copied: bool) -> None:
+    def _copy_each_step(self, step: int, data_position: Json, *, ring_copied: bool) -> None:
         """From now on keep the state of each step_done in host memory (stepcopy.py),
         starting with `step`'s (the live state, consistent now). Called when a step_done
         closed several optimizer steps, and by the restore of a state that was kept so."""
