@@ -6,14 +6,14 @@ runs client.py in place of `python -u`, which asks the server for a child. The c
 is a fork of a process that has imported torch (and the modules in
 ELASTIC_WARM_PRELOAD) and nothing else: no CUDA context (checked before every fork), no
 user code. In the child, the client's stdin/stdout/stderr, environment, working
-directory and argv replace the server's, the script runs as `__main__` like
-`python -u`, and what import-time state would differ from a fresh interpreter is redone
-(child.py): torch's thread count from OMP_NUM_THREADS, numpy's global seed (Python's
-`random` reseeds itself after fork). What the server imported is frozen out of the cycle
-collector (gc.freeze), and a child's env:// waits for rank 0's store (master.py). Each
-child leads its own process group (torchrun signals groups), dies with the server
-(PR_SET_PDEATHSIG) and is SIGKILLed when its client goes. Requests and answers:
-protocol.py.
+directory and argv replace the server's, the server's own modules and logging are
+dropped, the script runs as `__main__` like `python -u`, and what import-time state
+would differ from a fresh interpreter is redone (child.py): torch's thread count from
+OMP_NUM_THREADS, numpy's global seed (Python's `random` reseeds itself after fork).
+What the server imported is frozen out of the cycle collector (gc.freeze), and a child's
+env:// waits for rank 0's store (master.py). Each child leads its own process group
+(torchrun signals groups), dies with the server (PR_SET_PDEATHSIG) and is SIGKILLed when
+its client goes. Requests and answers: protocol.py.
 
 A child tells the server when its script has returned (a pipe of its own); with a
 teardown bound, a training process (started by torchrun) still running that long
