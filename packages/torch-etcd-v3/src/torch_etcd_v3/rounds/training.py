@@ -1,0 +1,96 @@
+"""What a member learns while its round trains (torch's `num_nodes_waiting`): one watch
+on the decision, the joins and the members from the round's decision on, read when asked.
+torch's agent asks every monitor interval (0.1 s with elastic-job's chart), so an answer
+costs no request; the watch stops at the first change that matters, after which the
+round is over for this member and it joins again."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..client import EtcdClient, EtcdError
+from ..watch import DELETE, PUT, Event, Watch, WatchEnded
+from .keys import Keys
+from .state import Round
+
+log = logging.getLogger(__name__)
+
+
+class Training:
+    """Thread-safe: torch's agent asks from its monitor loop, the node's own join and
+    leave stop it."""
+
+    def __init__(self, client: EtcdClient, keys: Keys, max_nodes: int) -> None:
+        self._client, self._keys, self._max_nodes = client, keys, max_nodes
+        self._lock = threading.Lock()
+        self._members: frozenset[str] = frozenset()
+        self._round: Round | None = None
+        self._watch: Watch | None = None
+        self._after = 0
+        self._waiting = 0
+
+    def start(self, round_: Round) -> None:
+        """Watch `round_` from its decision on (this node just joined it)."""
+        with self._lock:
+            self._close()
+            self._round, self._waiting, self._after = round_, 0, round_.id
+            self._members = frozenset(round_.members)
+            self._watch = self._open()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._close()
+            self._round = None
+
+    def _close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+        self._watch = None
+
+    def _open(self) -> Watch | None:
+        keys = self._keys
+        try:
+            return Watch(self._client, keys.decision, keys.changes_end, self._after + 1)
+        except EtcdError as exc:  # asked again at the next call
+            log.debug("etcd-lease: no watch of the round: %s", exc)
+            return None
+
+    def waiting(self) -> int:
+        with self._lock:
+            round_ = self._round
+            if round_ is None or self._waiting:
+                return self._waiting
+            watch = self._watch = self._watch or self._open()
+            if watch is None:
+                return 0
+            try:
+                while not self._waiting:
+                    events = watch.next(0)
+                    if not events:
+                        return 0
+                    for event in events:
+                        self._after = max(self._after, event.kv.mod_revision)
+                        self._waiting = max(self._waiting, self._counts(round_, event))
+            except WatchEnded:
+                self._close()  # opened again from where it was at the next call
+                return 0
+            self._close()  # the round is over for this node: nothing more to learn
+            return self._waiting
+
+    def _counts(self, round_: Round, event: Event) -> int:
+        """What `event` adds to torch's `num_nodes_waiting` of `round_`'s member."""
+        keys = self._keys
+        key = event.kv.key
+        if key == keys.decision:
+            return 1  # a newer round (or the decision lapsed): this one is over
+        node = keys.node_of(key)
+        if node is not None:
+            return 1 if event.kind == DELETE and node in self._members else 0
+        joined = keys.join_of(key)
+        if joined is None or event.kind != PUT or joined[0] != round_.id:
+            return 0
+        if joined[1] in self._members:
+            return 1  # a member left this round for the next
+        full = len(round_.members) >= self._max_nodes
+        return 0 if full else 1
