@@ -158,7 +158,7 @@ def test_endpoint_forms(raw: str, host: str, port: int) -> None:
         ({"ELASTIC_GRACE_PERIOD": "0"}, "ELASTIC_GRACE_PERIOD=0"),
         (
             {"ELASTIC_RDZV_BACKEND": "etcd-v4"},
-            "ELASTIC_RDZV_BACKEND='etcd-v4' is not a rendezvous backend: use etcd-v2 or etcd-v3",
+            "ELASTIC_RDZV_BACKEND='etcd-v4' is not a rendezvous backend: use etcd-v2, etcd-v3 or etcd-lease",
         ),
         # lease_ttl is the etcd-v3 handler's; torch's etcd-v2 would ignore it silently.
         ({"ELASTIC_RDZV_CONF": "lease_ttl=30"}, "torch's etcd-v2 reads:"),

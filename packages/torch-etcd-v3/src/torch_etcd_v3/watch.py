@@ -37,22 +37,39 @@ class WatchEnded(EtcdError):
 
 class Watch:
     def __init__(
-        self, client: EtcdClient, key: bytes, end: bytes | None, start_revision: int
+        self, client: EtcdClient, key: bytes, end: bytes | None, start_revision: int = 0
     ) -> None:
-        """Watch [key, end) (`end` None: `key` alone) from `start_revision` on. Raises
-        EtcdError when etcd does not answer."""
-        request: dict[str, object] = {
-            "key": b64(key),
-            "start_revision": str(start_revision),
-        }
+        """Watch [key, end) (`end` None: `key` alone) from `start_revision` on (0: from
+        now on: no change made before is replayed; `revision` says where it starts).
+        Raises EtcdError when etcd does not answer."""
+        request: dict[str, object] = {"key": b64(key)}
+        if start_revision:
+            request["start_revision"] = str(start_revision)
         if end is not None:
             request["range_end"] = b64(end)
         self._conn, self._resp = client.open_stream("/v3/watch", {"create_request": request}, None)
         self._queue: queue.SimpleQueue[list[Event] | Exception] = queue.SimpleQueue()
         self._closed = threading.Event()
         self._ended = False
+        #: The store's revision when etcd created the watch: it sees every change after.
+        self.revision = self._created()
         thread = threading.Thread(target=self._read, name="etcd-watch", daemon=True)
         thread.start()
+
+    def _created(self) -> int:
+        """Read etcd's first answer, which says the watch exists (and from when): a read
+        of etcd made after this returns sees nothing the watch will not."""
+        try:
+            line = self._resp.readline()
+            message = json.loads(line) if line else {}
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            self.close()
+            raise WatchEnded(f"the etcd watch did not start: {exc}") from exc
+        result = message.get("result", {})
+        if "error" in message or not result.get("created"):
+            self.close()
+            raise WatchEnded(f"etcd did not create the watch: {message}")
+        return int(result.get("header", {}).get("revision", 0))
 
     def _read(self) -> None:
         error: Exception = WatchEnded("the etcd watch stream ended")

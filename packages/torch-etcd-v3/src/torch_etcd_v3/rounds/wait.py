@@ -2,11 +2,13 @@
 
 The newest joiner is the "holder" of the last call: it alone watches the joins and the
 departures (a watch on [d, m0)), so that it sees a later join (and hands the last call to
-that node) or a departure (after which every live node may have joined). Any other waiter
-watches the decision and the closing only ([d, d0): nothing while nothing is decided) and
-checks the rule itself every FALLBACK s, in case the holder died holding it. A waiter that
-sees the rule hold writes the decision (Rendezvous.decide); the others see it on their
-watch.
+that node) or a departure (after which every live node may have joined). Its watch starts
+at the moment it is made, followed by one count: a watch started at the join's own
+revision would replay every join since, and at a bring-up of n nodes that is O(n) events
+for each of them. Any other waiter watches the decision and the closing only ([d, d0),
+from its join on: nothing while nothing is decided) and checks the rule itself every
+FALLBACK s, in case the holder died holding it. A waiter that sees the rule hold writes
+the decision (Rendezvous.decide); the others see it on their watch.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class Waiter:
         self.seen = seen
         self.holder = True
         self.last_join = time.monotonic()
-        self.check_at = 0.0  # `seen` is fresh: evaluate it first
+        self.check_at = 0.0  # evaluate `seen` first
         self.after = my_rev  # the last revision this waiter's watch delivered
         self.watch = self._open()
 
@@ -51,9 +53,16 @@ class Waiter:
         self.watch.close()
 
     def _open(self) -> Watch:
+        """The holder's watch from now on, then a count (what came before it); anyone
+        else's from the last revision seen (its span changes once a round: no backlog)."""
         keys = self.rdzv.keys
-        end = keys.changes_end if self.holder else keys.decisions_end
-        return Watch(self.rdzv.client, keys.decision, end, self.after + 1)
+        if not self.holder:
+            return Watch(self.rdzv.client, keys.decision, keys.decisions_end, self.after + 1)
+        watch = Watch(self.rdzv.client, keys.decision, keys.changes_end)
+        self.after = max(self.after, watch.revision)
+        if watch.revision > self.my_rev:
+            self.seen, self.check_at = self.rdzv.check(), 0.0
+        return watch
 
     def _step_down(self) -> None:
         """A later node joined: it holds the last call now; watch the decision only."""
