@@ -216,7 +216,8 @@ def _take_out_how(
         rounds = Rounds.connect(spec["endpoint"], spec["run_id"], spec["conf"])
 
         def take_out_node(since: float) -> None:
-            rounds.take_out(victim["node"])
+            if victim["node"]:  # None: the victim had no lease when the lifeline was made
+                rounds.take_out(victim["node"])
 
         return take_out_node
     from benches.worker import leave  # noqa: PLC0415 - the worker's own path

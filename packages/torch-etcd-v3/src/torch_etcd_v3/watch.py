@@ -15,6 +15,7 @@ import json
 import queue
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .client import EtcdClient, EtcdError, KeyValue, b64, kv_of
@@ -37,11 +38,20 @@ class WatchEnded(EtcdError):
 
 class Watch:
     def __init__(
-        self, client: EtcdClient, key: bytes, end: bytes | None, start_revision: int = 0
+        self,
+        client: EtcdClient,
+        key: bytes,
+        end: bytes | None,
+        start_revision: int = 0,
+        until: Callable[[Event], bool] | None = None,
     ) -> None:
         """Watch [key, end) (`end` None: `key` alone) from `start_revision` on (0: from
         now on: no change made before is replayed; `revision` says where it starts).
-        Raises EtcdError when etcd does not answer."""
+        `until`: the stream ends after the first batch with an event it holds true for,
+        in the reader's thread, so that the changes after it are never parsed (a member
+        of a round of n nodes would otherwise read every join of its re-form). Raises
+        EtcdError when etcd does not answer."""
+        self._until = until
         request: dict[str, object] = {"key": b64(key)}
         if start_revision:
             request["start_revision"] = str(start_revision)
@@ -95,6 +105,9 @@ class Watch:
                 ]
                 if events:
                     self._queue.put(events)
+                    if self._until is not None and any(self._until(e) for e in events):
+                        error = WatchEnded("the watch saw what it waited for")
+                        break
         except (OSError, ValueError, AttributeError, http.client.HTTPException) as exc:
             # AttributeError: http.client's response, closed by close() while read here
             if not self._closed.is_set():
@@ -117,6 +130,10 @@ class Watch:
             self._ended = True
             raise item
         return item
+
+    def wake(self) -> None:
+        """Make a `next` waiting now (or the next one) return [] at once (from any thread)."""
+        self._queue.put([])
 
     def close(self) -> None:
         """End the stream (from any thread); its reader thread ends with it."""

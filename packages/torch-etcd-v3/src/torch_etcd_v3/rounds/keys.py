@@ -6,6 +6,8 @@
                             with it, or when whoever sees it die revokes it)
         j/<round>/<node>    the node joined the round after <round>, under the same lease;
                             its value is the port it offers as master
+        l                   the newest join: rewritten by every join (no compare, so no
+                            joiner ever retries), read for its revision
         d                   the last decision: the members in rank order and the master,
                             under a lease its members keep alive; its version is the round's
                             number, its mod_revision the round's id (<round> above)
@@ -17,7 +19,8 @@ A round's joins are keys of their own so that etcd counts them (`count_only` of 
 a few bytes whatever the size of the job; etcd's count ignores mod_revision filters, so
 "written since the decision" cannot be counted on one prefix). The layout puts the
 decision, the closing, the joins and the members in one span: a watch on [d, d0) sees the
-decision and the closing only, one on [d, m0) every join and departure as well.
+decision and the closing only, one on [d, m0) every join and departure as well. (etcd
+would find the newest join of a prefix only by reading every key of it: `l`.)
 <node> is the node's lease id in hex (unique per torchrun and lease); <round> is 0 before
 the first decision.
 """
@@ -86,6 +89,10 @@ class Keys:
             return None
         round_text, _, node = key[len(head) :].partition(b"/")
         return int(round_text), node.decode()
+
+    @property
+    def latest(self) -> bytes:
+        return self.base + b"l"
 
     def left(self, round_id: int) -> bytes:
         return self.base + b"b/%d" % round_id

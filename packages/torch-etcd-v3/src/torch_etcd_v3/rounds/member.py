@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from ..client import EtcdClient, EtcdError
 
@@ -36,6 +37,9 @@ class Membership:
         self._round_renewed = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: Called (from the keep-alive thread) when etcd no longer knows the lease: a node
+        #: waiting for a decision under it must join again.
+        self.on_lost: Callable[[], None] | None = None
 
     @property
     def ttl(self) -> int:
@@ -62,8 +66,12 @@ class Membership:
     def lost(self, lease: int) -> None:
         """etcd no longer knows `lease`: the next join grants another."""
         with self._lock:
-            if self._lease == lease:
-                self._lease = 0
+            if self._lease != lease:
+                return
+            self._lease = 0
+            on_lost = self.on_lost
+        if on_lost is not None:
+            on_lost()
 
     def keep_round(self, lease: int) -> None:
         """Keep the lease of this node's round alive too (0: none)."""

@@ -109,6 +109,7 @@ class Rendezvous:
             writes = [
                 ops.put(self.keys.member(node), self._info().encode(), lease),
                 ops.put(join_key, str(self._free_port()).encode(), lease),
+                ops.put(self.keys.latest, node.encode(), lease),
             ]
             if self._join_key is not None and self._join_key != join_key:
                 writes.append(ops.delete(self._join_key))
@@ -139,9 +140,9 @@ class Rendezvous:
 
     def _await(self, node: str, my_rev: int, seen: Seen, deadline: float) -> Round | None:
         """Wait for the decision of the round this node joined at `my_rev` (wait.py).
-        None: the decision this node joined after went away (its round's members all
-        died); join again."""
-        with Waiter(self, my_rev, seen) as waiter:
+        None: join again (the decision this node joined after went away: its round's
+        members all died; or this node's lease lapsed)."""
+        with Waiter(self, node, my_rev, seen) as waiter:
             return waiter.run(deadline)
 
     def check(self) -> Seen:

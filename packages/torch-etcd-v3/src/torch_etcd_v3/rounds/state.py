@@ -87,7 +87,7 @@ class Seen:
     decision (keys only) and whether the rendezvous is closed."""
 
     counts: rule.Counts
-    newest: int  # revision of the newest join of the open round (0: none)
+    newest: int  # revision of the newest join (0: none, or its node's lease is gone)
     decision: KeyValue | None
     closed: bool
 
@@ -97,20 +97,15 @@ def open_round(decision: KeyValue | None) -> int:
 
 
 def count_ops(keys: Keys, decision: KeyValue | None) -> list[dict[str, Any]]:
-    """The reads of `Seen` for the round after `decision` (appended to a transaction)."""
+    """The reads of `Seen` for the round after `decision` (appended to a transaction).
+    Counts and single keys only: etcd answers each in a few bytes from its index, without
+    reading the keys' values (a read sorted by revision would read every key)."""
     base = open_round(decision)
     joined = keys.joined(base)
     return [
         ops.get(keys.members, keys.members_end, count_only=True),
         ops.get(joined, prefix_end(joined), count_only=True),
-        ops.get(
-            joined,
-            prefix_end(joined),
-            keys_only=True,
-            limit=1,
-            newest_first=True,
-            by_mod=True,
-        ),
+        ops.get(keys.latest, keys_only=True),
         ops.get(keys.left(base), count_only=True),
         ops.get(keys.decision, keys_only=True),
         ops.get(keys.closed, count_only=True),

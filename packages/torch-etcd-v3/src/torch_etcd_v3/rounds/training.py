@@ -49,9 +49,17 @@ class Training:
         self._watch = None
 
     def _open(self) -> Watch | None:
-        keys = self._keys
+        keys, round_ = self._keys, self._round
+        if round_ is None:
+            return None
         try:
-            return Watch(self._client, keys.decision, keys.changes_end, self._after + 1)
+            return Watch(
+                self._client,
+                keys.decision,
+                keys.changes_end,
+                self._after + 1,
+                until=lambda event: self._counts(round_, event) > 0,
+            )
         except EtcdError as exc:  # asked again at the next call
             log.debug("etcd-lease: no watch of the round: %s", exc)
             return None

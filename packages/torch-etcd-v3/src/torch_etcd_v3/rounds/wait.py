@@ -1,14 +1,16 @@
 """A node waiting for the decision of the round it joined (protocol.Rendezvous.join).
 
-The newest joiner is the "holder" of the last call: it alone watches the joins and the
-departures (a watch on [d, m0)), so that it sees a later join (and hands the last call to
-that node) or a departure (after which every live node may have joined). Its watch starts
-at the moment it is made, followed by one count: a watch started at the join's own
-revision would replay every join since, and at a bring-up of n nodes that is O(n) events
-for each of them. Any other waiter watches the decision and the closing only ([d, d0),
-from its join on: nothing while nothing is decided) and checks the rule itself every
-FALLBACK s, in case the holder died holding it. A waiter that sees the rule hold writes
-the decision (Rendezvous.decide); the others see it on their watch.
+Every waiter watches the decision and the closing ([d, d0), from its join on: nothing
+while nothing is decided). A join that completes the round (max_nodes, or every live node)
+is seen by its own node, which decides at once. What remains is the last call and the
+departures, and only the newest joiner, once min_nodes have joined, watches for them: the
+"holder" watches the joins and the departures as well ([d, m0)), so that it sees a later
+join (and hands the last call to that node) or a departure (after which every live node
+may have joined). Its watch starts at the moment it is made, followed by one count: from
+the join's own revision it would replay every join since, O(n) events at a bring-up of n
+nodes. Any waiter checks the rule itself every FALLBACK s, and decides at the last call if
+no node joined after it (the holder died holding it). A waiter that sees the rule hold
+writes the decision (Rendezvous.decide); the others see it on their watch.
 """
 
 from __future__ import annotations
@@ -36,21 +38,28 @@ CLOSED = "closed"
 
 
 class Waiter:
-    def __init__(self, rdzv: Rendezvous, my_rev: int, seen: Seen) -> None:
+    def __init__(self, rdzv: Rendezvous, node: str, my_rev: int, seen: Seen) -> None:
         self.rdzv = rdzv
+        self.node = node
         self.my_rev = my_rev
         self.seen = seen
-        self.holder = True
+        self.holder = seen.counts.joined >= rdzv.settings.min_nodes
         self.last_join = time.monotonic()
         self.check_at = 0.0  # evaluate `seen` first
+        self.fresh = True  # `seen` was read just now (not due to a timer)
         self.after = my_rev  # the last revision this waiter's watch delivered
         self.watch = self._open()
 
     def __enter__(self) -> Waiter:
+        self.rdzv.membership.on_lost = self._wake
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.rdzv.membership.on_lost = None
         self.watch.close()
+
+    def _wake(self) -> None:
+        self.watch.wake()
 
     def _open(self) -> Watch:
         """The holder's watch from now on, then a count (what came before it); anyone
@@ -61,8 +70,11 @@ class Waiter:
         watch = Watch(self.rdzv.client, keys.decision, keys.changes_end)
         self.after = max(self.after, watch.revision)
         if watch.revision > self.my_rev:
-            self.seen, self.check_at = self.rdzv.check(), 0.0
+            self._recheck()
         return watch
+
+    def _recheck(self) -> None:
+        self.seen, self.check_at, self.fresh = self.rdzv.check(), 0.0, True
 
     def _step_down(self) -> None:
         """A later node joined: it holds the last call now; watch the decision only."""
@@ -71,38 +83,43 @@ class Waiter:
         self.watch = self._open()
 
     def run(self, deadline: float) -> Round | None:
+        """The round that decided on this node (or not: then a spare), or None: join
+        again. Raises TimedOut at `deadline`, Closed."""
         while True:
             now = time.monotonic()
             if now >= deadline:
                 raise TimedOut
+            if self.rdzv.membership.node() != self.node:
+                return None  # its lease lapsed (cut off longer than its TTL): join anew
             if self.check_at <= now:
-                decided = self._evaluate(now)
-                if decided == GONE:
-                    return None
-                if isinstance(decided, Round):
-                    return decided
+                timer = not self.fresh  # the last call's or the fallback's
+                if timer:
+                    self.seen = self.rdzv.check()
+                self.fresh = False
+                decided = self._evaluate(now, fallback=timer and not self.holder)
+                if decided is not None:
+                    return decided if isinstance(decided, Round) else None
             try:
                 events = self.watch.next(min(self.check_at, deadline) - time.monotonic())
             except WatchEnded:
                 self.watch.close()
                 self.watch = self._open()
-                self.seen, self.check_at = self.rdzv.check(), 0.0
+                self._recheck()
                 continue
             outcome = self._events(events)
             if outcome == CLOSED:
                 raise Closed
-            if outcome == GONE:
-                self.rdzv.saw(None)
-                return None
-            if not isinstance(outcome, str) and outcome is not None:
-                return outcome
-            if outcome == RECHECK or self.check_at <= time.monotonic():
-                self.seen, self.check_at = self.rdzv.check(), 0.0
+            if outcome == RECHECK:
+                self._recheck()
+            elif outcome is not None:
+                if outcome == GONE:
+                    self.rdzv.saw(None)
+                return outcome if isinstance(outcome, Round) else None
 
-    def _evaluate(self, now: float) -> Round | str | None:
+    def _evaluate(self, now: float, fallback: bool = False) -> Round | str | None:
         """Act on `seen`: the decision if one came after this node joined (or GONE),
         else decide when the rule holds and this node is the one to; sets the next
-        check's time."""
+        check's time. `fallback`: a waiter's own check, FALLBACK s after the last."""
         seen, rdzv = self.seen, self.rdzv
         if seen.decision is not None and seen.decision.mod_revision > self.my_rev:
             return rdzv.read_round()  # counted before its event came
@@ -111,17 +128,18 @@ class Waiter:
         if seen.decision is None and rdzv.last_decision() is not None:
             rdzv.saw(None)
             return GONE
-        if self.holder and seen.newest > self.my_rev:
+        newest = seen.newest <= self.my_rev  # no join after this node's (that lives)
+        if self.holder and not newest:
             self._step_down()
         self.check_at = now + FALLBACK * random.uniform(0.5, 1.5)
         settings = rdzv.settings
         if rule.now(seen.counts, settings.min_nodes, settings.max_nodes):
             rdzv.decide()
-        elif self.holder and rule.at_last_call(seen.counts, settings.min_nodes):
+        elif newest and rule.at_last_call(seen.counts, settings.min_nodes):
             left = settings.last_call - (now - self.last_join)
-            if left <= 0:
+            if left <= 0 or fallback:
                 rdzv.decide()
-            else:
+            elif self.holder:
                 self.check_at = min(self.check_at, now + left)
         return None
 
