@@ -35,6 +35,11 @@ class WatchEnded(EtcdError):
     """The stream ended: etcd went away, closed it, or compacted the history it needed.
     The reader reads the state afresh and watches again from there."""
 
+    def __init__(self, message: str, *, compacted: bool = False) -> None:
+        super().__init__(message)
+        #: etcd no longer has the history from the watch's start: watch from now on.
+        self.compacted = compacted
+
 
 class Watch:
     def __init__(
@@ -94,7 +99,9 @@ class Watch:
                     break
                 result = message.get("result", {})
                 if int(result.get("compact_revision", 0) or 0) > 0:
-                    error = WatchEnded("etcd compacted the history this watch started from")
+                    error = WatchEnded(
+                        "etcd compacted the history this watch started from", compacted=True
+                    )
                     break
                 if result.get("canceled"):
                     error = WatchEnded(f"etcd cancelled the watch: {result.get('cancel_reason')}")

@@ -25,6 +25,7 @@ from .. import ops
 from ..client import EtcdClient, EtcdError, KeyValue, prefix_end
 from ..watch import WatchEnded
 from . import rule
+from .decisions import Decisions
 from .keys import Keys
 from .member import ROUND_TTL, Membership
 from .state import (
@@ -75,7 +76,11 @@ class Rendezvous:
         self._join_key: bytes | None = None
         #: Excluded by the last decision it saw (beyond max_nodes): torch's redundancy list.
         self.spare = False
-        self._training = Training(client, keys, settings.max_nodes)
+        #: This node's one watch of the decisions, from its first join on.
+        self.decisions = Decisions(client, keys)
+        self._training = Training(client, keys, settings.max_nodes, self.decisions)
+        #: The lease this node's membership key was written under (rewritten only anew).
+        self._member_lease = 0
 
     # -- joining ----------------------------------------------------------------------
 
@@ -107,10 +112,11 @@ class Rendezvous:
             base = open_round(decision)
             join_key = self.keys.join(base, node)
             writes = [
-                ops.put(self.keys.member(node), self._info().encode(), lease),
                 ops.put(join_key, str(self._free_port()).encode(), lease),
                 ops.put(self.keys.latest, node.encode(), lease),
             ]
+            if lease != self._member_lease:
+                writes.append(ops.put(self.keys.member(node), self._info().encode(), lease))
             if self._join_key is not None and self._join_key != join_key:
                 writes.append(ops.delete(self._join_key))
             if self.round is not None and self.round.id == base:
@@ -132,7 +138,8 @@ class Rendezvous:
                 found = ops.kvs(answers[0])
                 self._decision = found[0] if found else None
                 continue
-            self._join_key = join_key
+            self._join_key, self._member_lease = join_key, lease
+            self.decisions.open(ops.revision(reply))
             seen = read_seen(answers[len(writes) :], decision)
             if seen.closed:
                 raise Closed
@@ -244,8 +251,9 @@ class Rendezvous:
     def leave(self) -> None:
         """Leave the job now: this node's keys go with its lease, revoked."""
         self._training.stop()
+        self.decisions.close()
         self.membership.revoke()
-        self._join_key = None
+        self._join_key, self._member_lease = None, 0
 
     def shutdown(self) -> None:
         """torch's shutdown(): mark this member of its round done and leave; the last

@@ -1,8 +1,9 @@
-"""What a member learns while its round trains (torch's `num_nodes_waiting`): one watch
-on the decision, the joins and the members from the round's decision on, read when asked.
-torch's agent asks every monitor interval (0.1 s with elastic-job's chart), so an answer
-costs no request; the watch stops at the first change that matters, after which the
-round is over for this member and it joins again."""
+"""What a member learns while its round trains (torch's `num_nodes_waiting`): the node's
+watch of the decisions (decisions.py) and one watch on the joins and the members from the
+round's decision on, read when asked. torch's agent asks every monitor interval (0.1 s
+with elastic-job's chart), so an answer costs no request; the watch stops at the first
+change that matters (in its reader's thread: the joins of a re-form after it are never
+read), after which the round is over for this member and it joins again."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import threading
 
 from ..client import EtcdClient, EtcdError
 from ..watch import DELETE, PUT, Event, Watch, WatchEnded
+from .decisions import Decisions
 from .keys import Keys
 from .state import Round
 
@@ -21,8 +23,11 @@ class Training:
     """Thread-safe: torch's agent asks from its monitor loop, the node's own join and
     leave stop it."""
 
-    def __init__(self, client: EtcdClient, keys: Keys, max_nodes: int) -> None:
+    def __init__(
+        self, client: EtcdClient, keys: Keys, max_nodes: int, decisions: Decisions
+    ) -> None:
         self._client, self._keys, self._max_nodes = client, keys, max_nodes
+        self._decisions = decisions
         self._lock = threading.Lock()
         self._members: frozenset[str] = frozenset()
         self._round: Round | None = None
@@ -55,7 +60,7 @@ class Training:
         try:
             return Watch(
                 self._client,
-                keys.decision,
+                keys.base + b"j/",
                 keys.changes_end,
                 self._after + 1,
                 until=lambda event: self._counts(round_, event) > 0,
@@ -69,6 +74,12 @@ class Training:
             round_ = self._round
             if round_ is None or self._waiting:
                 return self._waiting
+            for event in self._decisions.next(0):
+                if event.kv.key == self._keys.decision and event.kv.mod_revision > round_.id:
+                    self._waiting = 1  # a newer round (or its lapse): this one is over
+            if self._decisions.gap or self._waiting:
+                self._close()
+                return max(self._waiting, int(self._decisions.gap))
             watch = self._watch = self._watch or self._open()
             if watch is None:
                 return 0
@@ -90,8 +101,6 @@ class Training:
         """What `event` adds to torch's `num_nodes_waiting` of `round_`'s member."""
         keys = self._keys
         key = event.kv.key
-        if key == keys.decision:
-            return 1  # a newer round (or the decision lapsed): this one is over
         node = keys.node_of(key)
         if node is not None:
             return 1 if event.kind == DELETE and node in self._members else 0

@@ -1,16 +1,16 @@
 """A node waiting for the decision of the round it joined (protocol.Rendezvous.join).
 
-Every waiter watches the decision and the closing ([d, d0), from its join on: nothing
-while nothing is decided). A join that completes the round (max_nodes, or every live node)
-is seen by its own node, which decides at once. What remains is the last call and the
-departures, and only the newest joiner, once min_nodes have joined, watches for them: the
-"holder" watches the joins and the departures as well ([d, m0)), so that it sees a later
-join (and hands the last call to that node) or a departure (after which every live node
-may have joined). Its watch starts at the moment it is made, followed by one count: from
-the join's own revision it would replay every join since, O(n) events at a bring-up of n
-nodes. Any waiter checks the rule itself every FALLBACK s, and decides at the last call if
-no node joined after it (the holder died holding it). A waiter that sees the rule hold
-writes the decision (Rendezvous.decide); the others see it on their watch.
+Every waiter reads the decisions from its node's one watch of them (decisions.py: nothing
+arrives while nothing is decided). A join that completes the round (max_nodes, or every
+live node) is seen by its own node, which decides at once. What remains is the last call
+and the departures, and only the newest joiner, once min_nodes have joined, watches for
+them: the "holder" watches the joins and the departures as well ([d, m0)), so that it sees
+a later join (and hands the last call to that node) or a departure (after which every live
+node may have joined). Its watch starts at the moment it is made, followed by one count:
+from the join's own revision it would replay every join since, O(n) events at a bring-up
+of n nodes. Any waiter checks the rule itself every FALLBACK s, and decides at the last
+call if no node joined after it (the holder died holding it). A waiter that sees the rule
+hold writes the decision (Rendezvous.decide); the others see it on their watch.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ class Waiter:
         self.node = node
         self.my_rev = my_rev
         self.seen = seen
-        self.holder = seen.counts.joined >= rdzv.settings.min_nodes
         self.last_join = time.monotonic()
         self.check_at = 0.0  # evaluate `seen` first
         self.fresh = True  # `seen` was read just now (not due to a timer)
-        self.after = my_rev  # the last revision this waiter's watch delivered
-        self.watch = self._open()
+        self.holder: Watch | None = None
+        if seen.counts.joined >= rdzv.settings.min_nodes:
+            self._hold()
 
     def __enter__(self) -> Waiter:
         self.rdzv.membership.on_lost = self._wake
@@ -56,31 +56,28 @@ class Waiter:
 
     def __exit__(self, *exc: object) -> None:
         self.rdzv.membership.on_lost = None
-        self.watch.close()
+        self._step_down()
 
     def _wake(self) -> None:
-        self.watch.wake()
+        self.rdzv.decisions.wake()
+        if self.holder is not None:
+            self.holder.wake()
 
-    def _open(self) -> Watch:
-        """The holder's watch from now on, then a count (what came before it); anyone
-        else's from the last revision seen (its span changes once a round: no backlog)."""
+    def _hold(self) -> None:
+        """Watch the joins and departures from now on, then count what came before."""
         keys = self.rdzv.keys
-        if not self.holder:
-            return Watch(self.rdzv.client, keys.decision, keys.decisions_end, self.after + 1)
-        watch = Watch(self.rdzv.client, keys.decision, keys.changes_end)
-        self.after = max(self.after, watch.revision)
-        if watch.revision > self.my_rev:
+        self.holder = Watch(self.rdzv.client, keys.decision, keys.changes_end)
+        if self.holder.revision > self.my_rev:
             self._recheck()
-        return watch
+
+    def _step_down(self) -> None:
+        """A later node joined: it holds the last call now."""
+        if self.holder is not None:
+            self.holder.close()
+        self.holder = None
 
     def _recheck(self) -> None:
         self.seen, self.check_at, self.fresh = self.rdzv.check(), 0.0, True
-
-    def _step_down(self) -> None:
-        """A later node joined: it holds the last call now; watch the decision only."""
-        self.holder = False
-        self.watch.close()
-        self.watch = self._open()
 
     def run(self, deadline: float) -> Round | None:
         """The round that decided on this node (or not: then a spare), or None: join
@@ -96,17 +93,10 @@ class Waiter:
                 if timer:
                     self.seen = self.rdzv.check()
                 self.fresh = False
-                decided = self._evaluate(now, fallback=timer and not self.holder)
+                decided = self._evaluate(now, fallback=timer and self.holder is None)
                 if decided is not None:
                     return decided if isinstance(decided, Round) else None
-            try:
-                events = self.watch.next(min(self.check_at, deadline) - time.monotonic())
-            except WatchEnded:
-                self.watch.close()
-                self.watch = self._open()
-                self._recheck()
-                continue
-            outcome = self._events(events)
+            outcome = self._events(self._next(min(self.check_at, deadline)))
             if outcome == CLOSED:
                 raise Closed
             if outcome == RECHECK:
@@ -115,6 +105,21 @@ class Waiter:
                 if outcome == GONE:
                     self.rdzv.saw(None)
                 return outcome if isinstance(outcome, Round) else None
+
+    def _next(self, until: float) -> list[Event]:
+        timeout = until - time.monotonic()
+        if self.holder is None:
+            events = self.rdzv.decisions.next(timeout)
+            if self.rdzv.decisions.gap:
+                self.rdzv.decisions.gap = False
+                self._recheck()
+            return events
+        try:
+            return self.holder.next(timeout)
+        except WatchEnded:
+            self._step_down()
+            self._hold()
+            return []
 
     def _evaluate(self, now: float, fallback: bool = False) -> Round | str | None:
         """Act on `seen`: the decision if one came after this node joined (or GONE),
@@ -129,7 +134,7 @@ class Waiter:
             rdzv.saw(None)
             return GONE
         newest = seen.newest <= self.my_rev  # no join after this node's (that lives)
-        if self.holder and not newest:
+        if self.holder is not None and not newest:
             self._step_down()
         self.check_at = now + FALLBACK * random.uniform(0.5, 1.5)
         settings = rdzv.settings
@@ -139,7 +144,7 @@ class Waiter:
             left = settings.last_call - (now - self.last_join)
             if left <= 0 or fallback:
                 rdzv.decide()
-            elif self.holder:
+            elif self.holder is not None:
                 self.check_at = min(self.check_at, now + left)
         return None
 
@@ -149,16 +154,14 @@ class Waiter:
         recheck = False
         base = self.rdzv.open_round()
         for event in events:
-            self.after = max(self.after, event.kv.mod_revision)
             meaning = self._meaning(event, base)
             if meaning is None:
                 continue
             if meaning == NEWER:
                 self.last_join = time.monotonic()
-                if self.holder:
-                    self._step_down()
-                    break  # the rest of the batch: from the new watch
-            elif meaning == RECHECK:
+                self._step_down()
+                break  # the rest of the batch: the holder's, no more
+            if meaning == RECHECK:
                 recheck = True
             else:
                 return meaning
@@ -167,6 +170,8 @@ class Waiter:
     def _meaning(self, event: Event, base: int) -> Round | str | None:
         keys, kv = self.rdzv.keys, event.kv
         if kv.key == keys.decision:
+            if kv.mod_revision <= self.my_rev:
+                return None  # a decision this node knew when it joined
             if event.kind == PUT:
                 self.rdzv.saw(kv)
                 return Round.of(kv)
