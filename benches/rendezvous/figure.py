@@ -169,6 +169,14 @@ class Run:
             time.sleep(POLL)
 
 
+def spread(reports: list[dict[str, Any]], since: float) -> list[float]:
+    """When the first, the median and the last agent got their rank, s after `since`."""
+    done = sorted(row[1] - since for r in reports for row in r["agents"] if row[1] > since)
+    if not done:
+        return []
+    return [round(done[0], 2), round(done[len(done) // 2], 2), round(done[-1], 2)]
+
+
 def _totals(reports: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"requests": {}, "writes": {}, "written": {}, "heartbeats": 0}
     for r in reports:
@@ -288,6 +296,7 @@ def run_once(label: str, n: int, workdir: Path) -> dict[str, Any]:
         seconds, reports = run.wait_ranked(run.all, start, n)
         joined = _totals(reports)
         row["join"] = _per(_diff(joined, before), n)
+        row["bringup_spread"] = spread(reports, start)
         if seconds is None:
             ranked = sum(1 for r in reports for a in r["agents"] if a[1] > start)
             return {**row, "error": f"bring-up: {ranked} of {n} ranked in {PHASE_LIMIT_S:.0f} s"}
@@ -336,6 +345,7 @@ def run_once(label: str, n: int, workdir: Path) -> dict[str, Any]:
             seconds, reports = run.wait_ranked(survivors, at, world)
             count = sum(len(p.numbers) for p in survivors)
             row[what] = _per(_diff(_totals(reports), before), count)
+            row[f"{what}_spread"] = spread(reports, at)
             if seconds is None:
                 ranked = sum(1 for r in reports for a in r["agents"] if a[1] > at and a[3] == world)
                 return {

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from ..client import EtcdClient, EtcdError
-from ..watch import Event, Watch, WatchEnded
+from ..client import EtcdClient, EtcdError, KeyValue
+from ..watch import PUT, Event, Watch, WatchEnded
 from .keys import Keys
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,10 @@ class Decisions:
         #: Set when the watch had to start over from the present (history compacted, or
         #: etcd away): a reader reads the state afresh, for it may have missed a change.
         self.gap = False
+        #: The newest decision delivered (with its value), None before any or once it
+        #: lapsed; whether the closing was.
+        self.latest: KeyValue | None = None
+        self.closed = False
 
     def open(self, after: int) -> None:
         """Watch from `after` + 1 on (`after` > 0), unless watching already."""
@@ -67,7 +71,16 @@ class Decisions:
         with self._lock:
             for event in events:
                 self._after = max(self._after, event.kv.mod_revision)
+                if event.kv.key == self._keys.decision:
+                    self.latest = event.kv if event.kind == PUT else None
+                elif event.kv.key == self._keys.closed:
+                    self.closed = event.kind == PUT
         return events
+
+    def drain(self) -> None:
+        """Take in what has arrived, without waiting (`latest`, `closed`)."""
+        while self.next(0):
+            pass
 
     def wake(self) -> None:
         """Make a `next` waiting now return at once (from any thread)."""

@@ -184,7 +184,11 @@ def create_handler(params: RendezvousParameters) -> EtcdLeaseRendezvousHandler:
         join_timeout=_seconds(params, "join_timeout", JOIN_TIMEOUT),
     )
     membership = Membership(client, ttl=math.ceil(interval * attempts), interval=interval)
-    info = NodeInfo(params.local_addr or socket.getfqdn(), os.getpid(), next(_local_ids))
-    rdzv = Rendezvous(client, keys, settings, membership, info=lambda: info, free_port=free_port)
+    addr, pid, local_id = params.local_addr or socket.getfqdn(), os.getpid(), next(_local_ids)
+
+    def info() -> NodeInfo:
+        return NodeInfo(addr, pid, local_id, free_port())
+
+    rdzv = Rendezvous(client, keys, settings, membership, info=info, free_port=free_port)
     store = EtcdV3Store(client, cfg.store_prefix, AgentLease(client, cfg.lease_ttl))
     return EtcdLeaseRendezvousHandler(cfg.run_id, rdzv, store)

@@ -12,6 +12,9 @@
                             under a lease its members keep alive; its version is the round's
                             number, its mod_revision the round's id (<round> above)
         d/closed            the rendezvous is closed (the job is done)
+        r/<number>          round <number>'s members in full, beside a decision written as a
+                            change to the round before (state.Round.encode), for a node
+                            that did not know that round
         b/<round>           a member of <round> has left it (rejoined the next)
         c/<round>/<node>    a member of <round> has shut down (torch's shutdown())
 
@@ -89,6 +92,9 @@ class Keys:
             return None
         round_text, _, node = key[len(head) :].partition(b"/")
         return int(round_text), node.decode()
+
+    def roster(self, number: int) -> bytes:
+        return self.base + b"r/%d" % number
 
     @property
     def latest(self) -> bytes:

@@ -24,13 +24,14 @@ from collections.abc import Callable
 from .. import ops
 from ..client import EtcdClient, EtcdError, KeyValue, prefix_end
 from ..watch import WatchEnded
-from . import rule
+from . import reform, rule
 from .decisions import Decisions
 from .keys import Keys
-from .member import ROUND_TTL, Membership
+from .member import Membership
 from .state import (
     Closed,
     NodeInfo,
+    RosterMissing,
     Round,
     Seen,
     Settings,
@@ -78,7 +79,9 @@ class Rendezvous:
         self.spare = False
         #: This node's one watch of the decisions, from its first join on.
         self.decisions = Decisions(client, keys)
-        self._training = Training(client, keys, settings.max_nodes, self.decisions)
+        self._training = Training(
+            client, keys, settings.max_nodes, self.decisions, on_gone=self._member_gone
+        )
         #: The lease this node's membership key was written under (rewritten only anew).
         self._member_lease = 0
 
@@ -89,17 +92,43 @@ class Rendezvous:
         node's rank in it. Raises Closed, TimedOut, or EtcdError."""
         deadline = time.monotonic() + self.settings.join_timeout
         self._training.stop()
+        adopted = self._adopt()
+        if adopted is not None:
+            return adopted
         while True:
             node, my_rev, seen = self._put_join()
             decided = self._await(node, my_rev, seen, deadline)
             if decided is not None and node in decided.members:
-                self.round, self.spare = decided, False
-                self.membership.keep_round(decided.lease)
-                self._training.start(decided)
-                return decided, decided.members.index(node)
+                return self._take(decided, node)
             if decided is not None:
                 self.spare = True  # the round is full: wait for the next one
                 log.debug("etcd-lease: %s is a spare of round %d", node, decided.number)
+
+    def _take(self, round_: Round, node: str) -> tuple[Round, int]:
+        self.round, self.spare = round_, False
+        self.membership.keep_round(round_.lease)
+        self._training.start(round_)
+        return round_, round_.members.index(node)
+
+    def _adopt(self) -> tuple[Round, int] | None:
+        """A round decided for this node since its last (a member died and whoever saw it
+        re-formed the round: reform.py), taken without writing anything; None when there
+        is none and this node joins."""
+        self.decisions.drain()
+        kv, node, last = self.decisions.latest, self.membership.node(), self.round
+        if kv is None or node is None or last is None or kv.mod_revision <= last.id:
+            return None
+        self._decision = kv
+        try:
+            newer = Round.of(kv, last, self.roster)
+        except RosterMissing:
+            return None
+        return self._take(newer, node) if node in newer.members else None
+
+    def roster(self, number: int) -> bytes | None:
+        """Round `number`'s full roster (keys.roster), None when it is gone."""
+        kv, _ = self.client.get(self.keys.roster(number))
+        return None if kv is None else kv.value
 
     def _put_join(self) -> tuple[str, int, Seen]:
         """Write this node's keys for the open round; (node, the join's revision, the
@@ -176,7 +205,7 @@ class Rendezvous:
         if kv is None:
             raise WatchEnded("the decision went away")  # the waiter reads afresh
         self._decision = kv
-        return Round.of(kv)
+        return Round.of(kv, self.round, self.roster)
 
     # -- deciding ---------------------------------------------------------------------
 
@@ -193,8 +222,9 @@ class Rendezvous:
         joins = sorted(ops.kvs(ops.responses(reply)[0]), key=lambda kv: kv.mod_revision)
         joined = [self.keys.join_of(kv.key) for kv in joins]
         nodes = [j[1] for j in joined if j is not None]
-        previous = self._previous_members(decision)
-        members = rule.rank_order(previous, nodes, self.settings.max_nodes)
+        previous = self._previous_round(decision)
+        kept = previous.members if previous is not None else ()
+        members = rule.rank_order(kept, nodes, self.settings.max_nodes)
         if len(members) < self.settings.min_nodes:
             return False
         master = self.client.txn(
@@ -208,31 +238,38 @@ class Rendezvous:
         info_kvs, port_kvs = (ops.kvs(a) for a in ops.responses(master))
         if not info_kvs or not port_kvs:
             return False  # the master-to-be left since: the next check decides again
-        info = NodeInfo.decode(info_kvs[0].value)
-        port = int(port_kvs[0].value)
-        lease = self.client.lease_grant(ROUND_TTL)
-        number = decision.version if decision is not None else 0
-        value = Round(number, 0, tuple(members), info.addr, port, lease).encode()
-        result = self.client.txn(
-            compare=[ops.unchanged(self.keys.decision, base)],
-            success=[ops.put(self.keys.decision, value, lease)],
-            failure=[],
+        addr = NodeInfo.decode(info_kvs[0].value).addr
+        bounds = (self.settings.min_nodes, self.settings.max_nodes)
+        master_at = (addr, int(port_kvs[0].value))
+        return reform.write(
+            self.client, self.keys, decision, previous, members, master=master_at, bounds=bounds
         )
-        if not result.get("succeeded", False):
-            self.client.lease_revoke(lease)
-            return False
-        log.debug("etcd-lease: decided round %d: %d members", number, len(members))
-        return True
 
-    def _previous_members(self, decision: KeyValue | None) -> tuple[str, ...]:
+    def _previous_round(self, decision: KeyValue | None) -> Round | None:
+        """The round `decision` holds (this node's, or read), None when none or unread."""
         if decision is None:
-            return ()
+            return None
         if self.round is not None and self.round.id == decision.mod_revision:
-            return self.round.members
+            return self.round
         kv, _ = self.client.get(self.keys.decision)
         if kv is None or kv.mod_revision != decision.mod_revision:
-            return ()
-        return Round.of(kv).members
+            return None
+        try:
+            return Round.of(kv, self.round, self.roster)
+        except RosterMissing:
+            return None
+
+    def _member_gone(self, round_: Round, gone: frozenset[str]) -> None:
+        """A member of this node's round is gone (training.py): the first live member in
+        rank order re-forms the round at once (reform.shrink); the others only restart."""
+        node = self.membership.node()
+        first = next((m for m in round_.members if m not in gone), None)
+        if node is None or node != first:
+            return
+        try:
+            reform.shrink(self.client, self.keys, round_, gone)
+        except EtcdError as exc:  # the survivors join as usual
+            log.info("etcd-lease: could not re-form round %d at once: %s", round_.number, exc)
 
     # -- while the round trains ---------------------------------------------------------
 

@@ -4,7 +4,7 @@ round, one count of the open round (and the reads that make it), the errors."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,25 +34,34 @@ class Settings:
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """A node as torch's agent names one: torchrun's address, pid and handler number."""
+    """A node as torch's agent names one (torchrun's address, pid and handler number), and
+    the port it would serve as master on in a round it did not join anew (a re-form
+    decided for it: reform.py)."""
 
     addr: str
     pid: int
     local_id: int = 0
+    port: int = 0
 
     def encode(self) -> bytes:
-        return json.dumps([self.addr, self.pid, self.local_id]).encode()
+        return json.dumps([self.addr, self.pid, self.local_id, self.port]).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> NodeInfo:
-        addr, pid, local_id = json.loads(data)
-        return cls(str(addr), int(pid), int(local_id))
+        addr, pid, local_id, *port = json.loads(data)
+        return cls(str(addr), int(pid), int(local_id), int(port[0]) if port else 0)
+
+
+class RosterMissing(Exception):
+    """A decision written as a change to a round this reader does not know, and that
+    round's full roster is gone too (its lease lapsed): the reader joins again."""
 
 
 @dataclass(frozen=True)
 class Round:
     """A decided round: its number (from 0), its id (the revision of its decision), the
-    member nodes in rank order, the master's address and port, and its lease."""
+    member nodes in rank order, the master's address and port, its lease, and the job's
+    bounds (so that whoever re-forms it knows them: reform.py)."""
 
     number: int
     id: int
@@ -60,25 +69,57 @@ class Round:
     master_addr: str
     master_port: int
     lease: int
+    min_nodes: int = 1
+    max_nodes: int = 0
 
-    def encode(self) -> bytes:
-        return json.dumps(
-            {"members": list(self.members), "master": [self.master_addr, self.master_port]},
-            separators=(",", ":"),
-        ).encode()
+    def encode(self, base: Round | None = None) -> bytes:
+        """The decision's value: the members as a change to `base` when that is small
+        (every member watches the decision, so its size is what a re-form sends to each;
+        a member of `base` applies it), else in full (roster())."""
+        data: dict[str, Any] = {
+            "master": [self.master_addr, self.master_port],
+            "bounds": [self.min_nodes, self.max_nodes],
+        }
+        if base is not None:
+            kept = set(self.members)
+            drop = [m for m in base.members if m not in kept]
+            add = [m for m in self.members if m not in set(base.members)]
+            order = [m for m in base.members if m in kept] + add
+            if order == list(self.members) and len(drop) + len(add) <= len(self.members) // 2:
+                data.update(base=base.id, drop=drop, add=add)
+                return json.dumps(data, separators=(",", ":")).encode()
+        data["members"] = list(self.members)
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    def roster(self) -> bytes:
+        """The members in full (keys.roster: what a node that does not know the round a
+        decision changes reads)."""
+        return json.dumps(list(self.members), separators=(",", ":")).encode()
 
     @classmethod
-    def of(cls, kv: KeyValue) -> Round:
+    def of(
+        cls,
+        kv: KeyValue,
+        known: Round | None = None,
+        roster: Callable[[int], bytes | None] | None = None,
+    ) -> Round:
+        """The round a decision holds: a change applied to `known` when it is the round
+        changed, else the full roster read with `roster(number)`. Raises RosterMissing."""
         data = json.loads(kv.value)
         addr, port = data["master"]
-        return cls(
-            number=kv.version - 1,
-            id=kv.mod_revision,
-            members=tuple(str(m) for m in data["members"]),
-            master_addr=str(addr),
-            master_port=int(port),
-            lease=kv.lease,
-        )
+        low, high = data.get("bounds", [1, 0])
+        number = kv.version - 1
+        if "members" in data:
+            members = tuple(str(m) for m in data["members"])
+        elif known is not None and known.id == int(data["base"]):
+            drop = set(data["drop"])
+            members = tuple([m for m in known.members if m not in drop] + list(data["add"]))
+        else:
+            full = roster(number) if roster is not None else None
+            if full is None:
+                raise RosterMissing(f"the roster of round {number} is gone")
+            members = tuple(str(m) for m in json.loads(full))
+        return cls(number, kv.mod_revision, members, str(addr), int(port), kv.lease, low, high)
 
 
 @dataclass(frozen=True)

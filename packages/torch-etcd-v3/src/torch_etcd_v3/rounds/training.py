@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from ..client import EtcdClient, EtcdError
 from ..watch import DELETE, PUT, Event, Watch, WatchEnded
@@ -24,10 +25,18 @@ class Training:
     leave stop it."""
 
     def __init__(
-        self, client: EtcdClient, keys: Keys, max_nodes: int, decisions: Decisions
+        self,
+        client: EtcdClient,
+        keys: Keys,
+        max_nodes: int,
+        decisions: Decisions,
+        on_gone: Callable[[Round, frozenset[str]], None],
     ) -> None:
         self._client, self._keys, self._max_nodes = client, keys, max_nodes
         self._decisions = decisions
+        #: Called (in `waiting`'s thread) with the round and its members seen gone.
+        self._on_gone = on_gone
+        self._gone: set[str] = set()
         self._lock = threading.Lock()
         self._members: frozenset[str] = frozenset()
         self._round: Round | None = None
@@ -41,6 +50,7 @@ class Training:
             self._close()
             self._round, self._waiting, self._after = round_, 0, round_.id
             self._members = frozenset(round_.members)
+            self._gone = set()
             self._watch = self._open()
 
     def stop(self) -> None:
@@ -91,11 +101,19 @@ class Training:
                     for event in events:
                         self._after = max(self._after, event.kv.mod_revision)
                         self._waiting = max(self._waiting, self._counts(round_, event))
+                        if (
+                            event.kind == DELETE
+                            and self._keys.node_of(event.kv.key) in self._members
+                        ):
+                            self._gone.add(str(self._keys.node_of(event.kv.key)))
             except WatchEnded:
                 self._close()  # opened again from where it was at the next call
                 return 0
             self._close()  # the round is over for this node: nothing more to learn
-            return self._waiting
+            gone = frozenset(self._gone)
+        if gone:
+            self._on_gone(round_, gone)  # outside the lock: it writes to etcd
+        return self._waiting
 
     def _counts(self, round_: Round, event: Event) -> int:
         """What `event` adds to torch's `num_nodes_waiting` of `round_`'s member."""
@@ -103,7 +121,7 @@ class Training:
         key = event.kv.key
         node = keys.node_of(key)
         if node is not None:
-            return 1 if event.kind == DELETE and node in self._members else 0
+            return int(event.kind == DELETE and node in self._members)
         joined = keys.join_of(key)
         if joined is None or event.kind != PUT or joined[0] != round_.id:
             return 0

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from .. import config, ops
 from ..client import EtcdClient, EtcdError, prefix_end
+from . import reform
 from .keys import Keys
-from .protocol import NodeInfo, Round
+from .state import NodeInfo, RosterMissing, Round
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,18 @@ class Rounds:
         return cls(EtcdClient(cfg.client), Keys.of(cfg.key_prefix, cfg.run_id))
 
     def current(self) -> Round | None:
-        """The last decided round, or None before the first (one read of O(n) bytes)."""
+        """The last decided round, or None before the first (O(n) bytes: its roster)."""
         kv, _ = self.client.get(self.keys.decision)
-        return None if kv is None else Round.of(kv)
+        if kv is None:
+            return None
+        try:
+            return Round.of(kv, None, self._roster)
+        except RosterMissing:
+            return None
+
+    def _roster(self, number: int) -> bytes | None:
+        kv, _ = self.client.get(self.keys.roster(number))
+        return None if kv is None else kv.value
 
     def members(self, round_: Round, nodes: Sequence[str] | None = None) -> list[Member]:
         """The members of `round_` (or those of `nodes` among them), with their address
@@ -86,8 +96,10 @@ class Rounds:
     def take_out(self, node: str) -> bool:
         """Take `node` out of the job now (whoever sees it die first; the others' calls
         find it gone): its lease revoked, and with it its membership and join keys, as
-        when its lease lapses. True when this call removed it. A node that was alive after
-        all joins again under a new lease."""
+        when its lease lapses; then, when it was a member of the last round, that round
+        re-formed without it at once (reform.shrink: the survivors' next_rendezvous
+        writes nothing). True when this call removed it. A node that was alive after all
+        joins again under a new lease."""
         try:
             lease = int(node, 16)
         except ValueError:
@@ -101,6 +113,9 @@ class Rounds:
             if "lease not found" in str(exc):
                 return False
             raise
+        known = self.current()
+        if known is not None and node in known.members:
+            reform.shrink(self.client, self.keys, known, {node})
         return True
 
     def broken(self, node: str) -> str | None:

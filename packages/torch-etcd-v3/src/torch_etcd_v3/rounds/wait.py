@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..watch import DELETE, PUT, Event, Watch, WatchEnded
 from . import rule
-from .state import Closed, Round, Seen, TimedOut
+from .state import Closed, RosterMissing, Round, Seen, TimedOut
 
 if TYPE_CHECKING:
     from .protocol import Rendezvous
@@ -174,7 +174,10 @@ class Waiter:
                 return None  # a decision this node knew when it joined
             if event.kind == PUT:
                 self.rdzv.saw(kv)
-                return Round.of(kv)
+                try:
+                    return Round.of(kv, self.rdzv.round, self.rdzv.roster)
+                except RosterMissing:
+                    return GONE  # join again, under the decision now seen
             return GONE
         if kv.key == keys.closed:
             return CLOSED if event.kind == PUT else None
