@@ -29,6 +29,7 @@ class Decisions:
         #: The newest decision delivered (with its value), None before any or once it
         #: lapsed; whether the closing was.
         self.latest: KeyValue | None = None
+        self._latest_at = 0
         self.closed = False
 
     def open(self, after: int) -> None:
@@ -72,10 +73,19 @@ class Decisions:
             for event in events:
                 self._after = max(self._after, event.kv.mod_revision)
                 if event.kv.key == self._keys.decision:
-                    self.latest = event.kv if event.kind == PUT else None
+                    self._saw(event.kv if event.kind == PUT else None, event.kv.mod_revision)
                 elif event.kv.key == self._keys.closed:
                     self.closed = event.kind == PUT
         return events
+
+    def saw(self, kv: KeyValue | None, revision: int) -> None:
+        """The decision as read at `revision` (None: none), unless a newer one is known."""
+        with self._lock:
+            self._saw(kv, revision)
+
+    def _saw(self, kv: KeyValue | None, revision: int) -> None:
+        if revision >= self._latest_at:
+            self.latest, self._latest_at = kv, revision
 
     def drain(self) -> None:
         """Take in what has arrived, without waiting (`latest`, `closed`)."""

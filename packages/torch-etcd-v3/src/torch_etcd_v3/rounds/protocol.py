@@ -92,11 +92,15 @@ class Rendezvous:
         node's rank in it. Raises Closed, TimedOut, or EtcdError."""
         deadline = time.monotonic() + self.settings.join_timeout
         self._training.stop()
-        adopted = self._adopt()
-        if adopted is not None:
-            return adopted
+        self.decisions.drain()
         while True:
-            node, my_rev, seen = self._put_join()
+            adopted = self._adopt(self.decisions.latest)
+            if adopted is not None:
+                return adopted
+            joined = self._put_join()
+            if joined is None:
+                continue  # a newer decision than this node knew: adopt it, or join after it
+            node, my_rev, seen = joined
             decided = self._await(node, my_rev, seen, deadline)
             if decided is not None and node in decided.members:
                 return self._take(decided, node)
@@ -110,12 +114,11 @@ class Rendezvous:
         self._training.start(round_)
         return round_, round_.members.index(node)
 
-    def _adopt(self) -> tuple[Round, int] | None:
-        """A round decided for this node since its last (a member died and whoever saw it
-        re-formed the round: reform.py), taken without writing anything; None when there
-        is none and this node joins."""
-        self.decisions.drain()
-        kv, node, last = self.decisions.latest, self.membership.node(), self.round
+    def _adopt(self, kv: KeyValue | None) -> tuple[Round, int] | None:
+        """The round of decision `kv` when it was decided for this node since its last (a
+        member died and whoever saw it re-formed the round: reform.py), taken without
+        writing anything; None when it was not and this node joins."""
+        node, last = self.membership.node(), self.round
         if kv is None or node is None or last is None or kv.mod_revision <= last.id:
             return None
         self._decision = kv
@@ -130,10 +133,12 @@ class Rendezvous:
         kv, _ = self.client.get(self.keys.roster(number))
         return None if kv is None else kv.value
 
-    def _put_join(self) -> tuple[str, int, Seen]:
+    def _put_join(self) -> tuple[str, int, Seen] | None:
         """Write this node's keys for the open round; (node, the join's revision, the
         open round as counted right after it). The write is conditional on the decision
-        this node last saw, so that a join never lands in a round already decided."""
+        this node last saw, so that a join never lands in a round already decided: None
+        when there is a newer one (now `decisions.latest`; the caller adopts it or joins
+        after it)."""
         while True:
             lease = self.membership.lease()
             node = f"{lease:x}"
@@ -155,7 +160,7 @@ class Rendezvous:
                 reply = self.client.txn(
                     compare=[ops.unchanged(self.keys.decision, base)],
                     success=writes + count_ops(self.keys, decision),
-                    failure=[ops.get(self.keys.decision, keys_only=True)],
+                    failure=[ops.get(self.keys.decision)],
                 )
             except EtcdError as exc:
                 if "lease not found" not in str(exc):
@@ -166,7 +171,8 @@ class Rendezvous:
             if not reply.get("succeeded", False):
                 found = ops.kvs(answers[0])
                 self._decision = found[0] if found else None
-                continue
+                self.decisions.saw(self._decision, ops.revision(reply))
+                return None
             self._join_key, self._member_lease = join_key, lease
             self.decisions.open(ops.revision(reply))
             seen = read_seen(answers[len(writes) :], decision)
