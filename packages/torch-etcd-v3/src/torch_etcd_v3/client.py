@@ -345,9 +345,10 @@ class EtcdClient:
         reply = self.post("/v3/lease/grant", {"TTL": str(ttl)})
         return int(reply["ID"])
 
-    def lease_keepalive(self, lease: int) -> int:
-        """Renew the lease once; returns its TTL, 0 if etcd no longer knows it."""
-        reply = self.post("/v3/lease/keepalive", {"ID": str(lease)})
+    def lease_keepalive(self, lease: int, timeout: float | None = None) -> int:
+        """Renew the lease once; returns its TTL, 0 if etcd no longer knows it. `timeout`:
+        seconds to wait for the answer (else the client's read timeout)."""
+        reply = self.post("/v3/lease/keepalive", {"ID": str(lease)}, timeout)
         return int(reply.get("result", {}).get("TTL", 0))
 
     def lease_revoke(self, lease: int) -> None:

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds a round's decision outlives the last member that kept its lease alive.
 ROUND_TTL = 60
+#: After a failed keep-alive, the next one this fraction of the interval later.
+RETRY = 0.2
 
 
 class Membership:
@@ -79,22 +81,29 @@ class Membership:
             self._round_lease, self._round_renewed = lease, time.monotonic()
 
     def _keep_alive(self) -> None:
-        while not self._stop.wait(self._interval):
+        """Every interval; after a failure, again at once and then within a fraction of
+        it (etcd answers "waiting for the applied index took too long" when its apply
+        lags a burst of writes: a renewal retried soon still lands within the TTL). One
+        renewal waits at most an interval, so a slow answer does not hold the next."""
+        wait = self._interval
+        while not self._stop.wait(wait):
             with self._lock:
                 lease, round_lease = self._lease, self._round_lease
                 renew_round = round_lease and time.monotonic() - self._round_renewed >= (
                     ROUND_TTL / 3
                 )
+            wait = self._interval
             try:
-                if lease and self._client.lease_keepalive(lease) <= 0:
+                if lease and self._client.lease_keepalive(lease, self._interval) <= 0:
                     log.warning("etcd-lease: lease %x expired; the node joins anew", lease)
                     self.lost(lease)
                 if renew_round:
-                    self._client.lease_keepalive(round_lease)
+                    self._client.lease_keepalive(round_lease, self._interval)
                     with self._lock:
                         self._round_renewed = time.monotonic()
             except EtcdError as exc:
-                log.warning("etcd-lease: keep-alive failed: %s", exc)
+                log.info("etcd-lease: keep-alive failed, again in a moment: %s", exc)
+                wait = self._interval * RETRY
 
     def revoke(self) -> None:
         """Leave: the lease and the node's key go now (not at the end of the TTL)."""

@@ -43,6 +43,10 @@ from .state import (
 from .training import Training
 from .wait import Waiter
 
+#: Seconds a member that saw another die waits for the round re-formed without it before
+#: it joins as usual (whoever re-forms it, normally at once, may have died too).
+REFORM_WAIT = 1.0
+
 __all__ = ["Closed", "NodeInfo", "Rendezvous", "Round", "Seen", "Settings", "TimedOut"]
 
 log = logging.getLogger(__name__)
@@ -91,12 +95,20 @@ class Rendezvous:
         """Join the open round and wait until one takes this node: the round and this
         node's rank in it. Raises Closed, TimedOut, or EtcdError."""
         deadline = time.monotonic() + self.settings.join_timeout
+        # What the round's watch holds: a member seen gone is re-formed without (by this
+        # node, if it is the first live one); the others wait for that, not join.
+        self._training.waiting()
+        lost = bool(self._training.gone())
         self._training.stop()
         self.decisions.drain()
         while True:
             adopted = self._adopt(self.decisions.latest)
             if adopted is not None:
                 return adopted
+            if lost:
+                lost = False
+                self._await_reform(min(deadline, time.monotonic() + REFORM_WAIT))
+                continue
             joined = self._put_join()
             if joined is None:
                 continue  # a newer decision than this node knew: adopt it, or join after it
@@ -113,6 +125,16 @@ class Rendezvous:
         self.membership.keep_round(round_.lease)
         self._training.start(round_)
         return round_, round_.members.index(node)
+
+    def _await_reform(self, until: float) -> None:
+        """Wait until `until` for a decision newer than this node's round (the re-form of
+        a round with a member gone, by whoever saw it: reform.py)."""
+        last = self.round.id if self.round is not None else 0
+        while time.monotonic() < until:
+            latest = self.decisions.latest
+            if latest is not None and latest.mod_revision > last:
+                return
+            self.decisions.next(until - time.monotonic())
 
     def _adopt(self, kv: KeyValue | None) -> tuple[Round, int] | None:
         """The round of decision `kv` when it was decided for this node since its last (a

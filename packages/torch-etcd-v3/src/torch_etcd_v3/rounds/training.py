@@ -53,6 +53,11 @@ class Training:
             self._gone = set()
             self._watch = self._open()
 
+    def gone(self) -> frozenset[str]:
+        """The members of the round seen gone (taken in by `waiting`)."""
+        with self._lock:
+            return frozenset(self._gone)
+
     def stop(self) -> None:
         with self._lock:
             self._close()
@@ -80,6 +85,7 @@ class Training:
             return None
 
     def waiting(self) -> int:
+        """torch's num_nodes_waiting for this member (protocol.Rendezvous.waiting)."""
         with self._lock:
             round_ = self._round
             if round_ is None or self._waiting:
