@@ -8,8 +8,11 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import contextlib
+
 import pytest
 from etcd3_helpers import LEASES
+from lease_helpers import HANDLERS
 from testlib import ETCD_VERSIONS, EtcdServer, start_etcd
 
 
@@ -18,6 +21,11 @@ def _stop_leases() -> Iterator[None]:
     yield
     while LEASES:
         LEASES.pop().stop()
+    while HANDLERS:  # etcd-lease's: each leaves (its lease revoked, its threads stopped)
+        h = HANDLERS.pop()
+        with contextlib.suppress(Exception):
+            h.leave()
+        h.rendezvous.membership.stop()
 
 
 @pytest.fixture(params=ETCD_VERSIONS, ids=lambda v: f"etcd{v}")

@@ -83,7 +83,10 @@ class EtcdLeaseRendezvousHandler(RendezvousHandler):
         try:
             round_, rank = self._rdzv.join()
         except Closed:
-            raise torchapi.closed_error(self._rdzv.spare, self._run_id) from None
+            # A closed rendezvous takes nobody: this node leaves (its keys go now).
+            error = torchapi.closed_error(self._rdzv.is_spare(), self._run_id)
+            self._rdzv.leave()
+            raise error from None
         except TimedOut:
             raise RendezvousTimeoutError(
                 f"etcd-lease: no round of '{self._run_id}' took this node in time"
@@ -139,13 +142,15 @@ class EtcdLeaseRendezvousHandler(RendezvousHandler):
 
 
 def _leave_at_exit(handler: EtcdLeaseRendezvousHandler) -> None:
-    ref = weakref.ref(handler)
+    """At the process's exit, revoke the node's lease. Held through the membership (alive
+    while its keep-alive thread runs), not the handler, which torch may drop first."""
+    ref = weakref.ref(handler.rendezvous.membership)
 
     def leave() -> None:
-        h = ref()
-        if h is not None and h.node is not None:
+        membership = ref()
+        if membership is not None and membership.node() is not None:
             try:
-                h.leave()
+                membership.revoke()
             except Exception as exc:  # noqa: BLE001 - at exit: the lease lapses anyway
                 log.debug("etcd-lease: leaving at exit failed: %s", exc)
 

@@ -150,6 +150,20 @@ class Rendezvous:
             return None
         return self._take(newer, node) if node in newer.members else None
 
+    def is_spare(self) -> bool:
+        """This node waits beyond max_nodes (torch's redundancy list): a decision left it
+        out, or the last round is full without it."""
+        if self.spare:
+            return True
+        kv, node = self.decisions.latest or self._decision, self.membership.node()
+        if kv is None or not kv.value:
+            return False
+        try:
+            last = Round.of(kv, self.round, self.roster)
+        except RosterMissing:
+            return False
+        return node not in last.members and len(last.members) >= self.settings.max_nodes
+
     def roster(self, number: int) -> bytes | None:
         """Round `number`'s full roster (keys.roster), None when it is gone."""
         kv, _ = self.client.get(self.keys.roster(number))
@@ -180,9 +194,12 @@ class Rendezvous:
                 writes.append(ops.put(self.keys.left(base), b"", lease))
             try:
                 reply = self.client.txn(
-                    compare=[ops.unchanged(self.keys.decision, base)],
+                    compare=[ops.unchanged(self.keys.decision, base), ops.absent(self.keys.closed)],
                     success=writes + count_ops(self.keys, decision),
-                    failure=[ops.get(self.keys.decision)],
+                    failure=[
+                        ops.get(self.keys.decision),
+                        ops.get(self.keys.closed, count_only=True),
+                    ],
                 )
             except EtcdError as exc:
                 if "lease not found" not in str(exc):
@@ -191,16 +208,15 @@ class Rendezvous:
                 continue
             answers = ops.responses(reply)
             if not reply.get("succeeded", False):
+                if ops.count(answers[1]):
+                    raise Closed  # nothing written: a closed rendezvous takes nobody
                 found = ops.kvs(answers[0])
                 self._decision = found[0] if found else None
                 self.decisions.saw(self._decision, ops.revision(reply))
                 return None
             self._join_key, self._member_lease = join_key, lease
             self.decisions.open(ops.revision(reply))
-            seen = read_seen(answers[len(writes) :], decision)
-            if seen.closed:
-                raise Closed
-            return node, ops.revision(reply), seen
+            return node, ops.revision(reply), read_seen(answers[len(writes) :], decision)
 
     def _await(self, node: str, my_rev: int, seen: Seen, deadline: float) -> Round | None:
         """Wait for the decision of the round this node joined at `my_rev` (wait.py).

@@ -24,24 +24,28 @@ from torch._C._distributed_c10d import Store  # torch.distributed's, typed (re-e
 from torch.distributed.elastic.rendezvous import api
 
 
-def returns_info(module: Any = api) -> bool:
-    """This torch's next_rendezvous returns RendezvousInfo (2.4+), not a tuple."""
+def returns_info(module: Any = None) -> bool:
+    """This torch's next_rendezvous returns RendezvousInfo (2.4+), not a tuple (`module`:
+    a torch's rendezvous api module; by default the installed one's)."""
+    module = api if module is None else module
     return hasattr(module, "RendezvousInfo") and hasattr(module, "RendezvousStoreInfo")
 
 
 def rendezvous_result(
-    store: Store, rank: int, world_size: int, master: tuple[str, int], module: Any = api
+    store: Store, rank: int, world_size: int, master: tuple[str, int], module: Any = None
 ) -> Any:
     """What next_rendezvous returns in this torch (`module`: its rendezvous api)."""
+    module = api if module is None else module
     if returns_info(module):
         info = module.RendezvousStoreInfo(master[0], master[1])
         return module.RendezvousInfo(store, rank, world_size, info)
     return store, rank, world_size
 
 
-def closed_error(spare: bool, run_id: str, module: Any = api) -> Exception:
+def closed_error(spare: bool, run_id: str, module: Any = None) -> Exception:
     """The error a node waiting in a closed rendezvous ends with: a spare's is torch's
     graceful exit (2.3+: its agent exits without failing), anyone else's RendezvousClosedError."""
+    module = api if module is None else module
     graceful = getattr(module, "RendezvousGracefulExitError", None)
     error: Exception
     if spare and graceful is not None:
