@@ -3,12 +3,11 @@ API off."""
 
 from __future__ import annotations
 
+import contextlib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-
-import contextlib
 
 import pytest
 from etcd3_helpers import LEASES

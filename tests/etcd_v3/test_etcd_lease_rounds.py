@@ -59,7 +59,7 @@ def test_fewer_than_max_form_after_the_last_call_and_a_later_node_is_waiting(
         lambda: all(h.num_nodes_waiting() > 0 for h in first),
         10,
     )
-    infos = join_all(first) + [joining.wait()]
+    infos = [*join_all(first), joining.wait()]
     assert {i.world_size for i in infos} == {3}
     assert sorted(i.rank for i in infos) == [0, 1, 2]
 
@@ -81,7 +81,7 @@ def test_nodes_beyond_max_wait_as_spares_that_nobody_restarts_for_and_one_takes_
         "the survivors to see the loss", lambda: all(h.num_nodes_waiting() for h in survivors), 10
     )
     before = revision(etcd3)
-    infos = join_all(survivors) + [waiting.wait()]
+    infos = [*join_all(survivors), waiting.wait()]
     # The round was re-formed by the take-out: the survivors adopt it, writing nothing.
     assert revision(etcd3) == before
     assert {i.world_size for i in infos} == {3}
