@@ -18,8 +18,8 @@ Prints one JSON line when ready ({"pid", "lifeline_port"}), then answers:
                elastic-worker does for the backend (figure.take_out_how); VICTIM is JSON
                {"addr", "pid", "node"}
     report     one JSON line: each agent's [number, time it last got its rank, rank,
-               world size, joining, node id], the request counts, the sockets open, the
-               lifelines held
+               world size, joining, node id, failed joins], the request counts, the
+               sockets open, the lifelines held
     quit
 
 A module run by path, not `python -c` (torch's event names walk sys.modules for frames of
@@ -48,6 +48,9 @@ from benches.rendezvous import counting
 
 # Many threads per process: a small stack each (8 MiB by default, virtual).
 threading.stack_size(512 * 1024)
+#: Seconds before an agent whose next_rendezvous failed joins again (the worker starting
+#: torchrun again after its agent ended).
+RESTART_S = 1.0
 
 
 class Agent:
@@ -60,6 +63,7 @@ class Agent:
         self.lock = threading.Lock()
         self.joining = False
         self.done = 0.0
+        self.failures = 0
         self.rank = -1
         self.world = 0
         self.helper: Any = None  # the worker's own handler (torch's backends): take-outs
@@ -72,24 +76,37 @@ class Agent:
         threading.Thread(target=self._join, args=(delay,), name=f"join-{self.number}").start()
 
     def _join(self, delay: float) -> None:
-        try:
-            time.sleep(delay)
-            result = self.handler.next_rendezvous()
-            rank, world = _rank_world(result)
-            with self.lock:
-                self.done, self.rank, self.world = time.time(), rank, world
-        except Exception as exc:  # noqa: BLE001 - a failed join is reported, not fatal
-            logging.warning("agent %d: next_rendezvous failed: %s", self.number, exc)
-        finally:
-            with self.lock:
-                self.joining = False
+        """next_rendezvous until it returns: one that fails ends torch's agent, and
+        elastic-worker starts torchrun again (counted: `failures`)."""
+        time.sleep(delay)
+        while True:
+            try:
+                result = self.handler.next_rendezvous()
+                break
+            except Exception as exc:  # noqa: BLE001 - counted, and joined again
+                logging.warning("agent %d: next_rendezvous failed: %s", self.number, exc)
+                with self.lock:
+                    self.failures += 1
+                time.sleep(RESTART_S)
+        rank, world = _rank_world(result)
+        with self.lock:
+            self.done, self.rank, self.world = time.time(), rank, world
+            self.joining = False
 
     def node(self) -> str | None:
         return getattr(self.handler, "node", None)
 
     def row(self) -> list[Any]:
         with self.lock:
-            return [self.number, self.done, self.rank, self.world, self.joining, self.node()]
+            return [
+                self.number,
+                self.done,
+                self.rank,
+                self.world,
+                self.joining,
+                self.node(),
+                self.failures,
+            ]
 
 
 def _params(spec: dict[str, Any]) -> RendezvousParameters:

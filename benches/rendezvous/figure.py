@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +60,8 @@ LEASE_LIFELINES = 2
 #: a key of LOSS_TTL s refreshed every second, read every LOSS_POLL s.
 LOSS_POLL = liveness.POLL
 POLL = 0.25  # seconds between the driver's reports
+#: Where etcd keeps its data during a run: tmpfs where there is one.
+MEMORY_DIR = "/dev/shm" if Path("/dev/shm").is_dir() else None
 
 
 class Proc:
@@ -116,7 +120,10 @@ class Run:
 
     def __init__(self, prof: Profile, n: int, workdir: Path) -> None:
         self.prof, self.n, self.workdir = prof, n, workdir
-        self.etcd, self.endpoint = start_etcd(workdir, v2=prof.backend == "etcd-v2")
+        # etcd's data in memory: the figures measure the cores, not the fsyncs of a disk
+        # the machine's other users write to (a stall there stalls etcd's every write).
+        self.data = Path(tempfile.mkdtemp(prefix="bench-rdzv-etcd-", dir=MEMORY_DIR))
+        self.etcd, self.endpoint = start_etcd(workdir, v2=prof.backend == "etcd-v2", data=self.data)
         self.run_id = f"rdzv-{n}"
         self.loss_key = f"/bench/alive/{self.run_id}/"
         env = dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", LOGLEVEL="WARNING")
@@ -147,6 +154,7 @@ class Run:
             p.stop()
         self.etcd.terminate()
         self.etcd.wait(10)
+        shutil.rmtree(self.data, ignore_errors=True)
 
     def reports(self, procs: list[Proc]) -> list[dict[str, Any]]:
         return [p.report() for p in procs]
@@ -175,6 +183,11 @@ def spread(reports: list[dict[str, Any]], since: float) -> list[float]:
     if not done:
         return []
     return [round(done[0], 2), round(done[len(done) // 2], 2), round(done[-1], 2)]
+
+
+def _failures(reports: list[dict[str, Any]]) -> int:
+    """next_rendezvous calls that failed so far (each: torchrun started again)."""
+    return sum(row[6] for r in reports for row in r["agents"])
 
 
 def _totals(reports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -275,85 +288,101 @@ def loss_detected(
     return thread
 
 
+def bring_up(run: Run, row: dict[str, Any]) -> str | None:
+    """Every agent joins at once; None, or why the phase did not converge."""
+    n = run.n
+    before = _totals(run.reports(run.all))
+    start = time.time()
+    for p in run.all:
+        p.send("join")
+    seconds, reports = run.wait_ranked(run.all, start, n)
+    row["join"] = _per(_diff(_totals(reports), before), n)
+    row["bringup_spread"] = spread(reports, start)
+    row["failed_joins"] = _failures(reports)
+    if seconds is None:
+        ranked = sum(1 for r in reports for a in r["agents"] if a[1] > start)
+        return f"bring-up: {ranked} of {n} ranked in {PHASE_LIMIT_S:.0f} s"
+    row["bringup_s"] = round(seconds, 2)
+    return None
+
+
+def train(run: Run, row: dict[str, Any]) -> None:
+    """HEARTBEAT_WINDOW s of training: heartbeats, num_nodes_waiting, connections."""
+    n = run.n
+    for p in run.all:
+        p.send("train")
+    time.sleep(SETTLE_S)
+    quiet0 = _totals(run.reports(run.all))
+    time.sleep(HEARTBEAT_WINDOW)
+    reports = run.reports(run.all)
+    quiet = _diff(_totals(reports), quiet0)
+    beats = max(quiet["heartbeats"], 1)
+    row["heartbeat"] = {
+        "bytes_per_beat": round(quiet["written"].get("heartbeat", 0) / beats),
+        "requests_per_beat": round(quiet["requests"].get("heartbeat", 0) / beats, 2),
+        "beats_per_agent_s": round(quiet["heartbeats"] / n / HEARTBEAT_WINDOW, 2),
+        "monitor_requests_per_agent_s": round(
+            quiet["requests"].get("monitor", 0) / n / HEARTBEAT_WINDOW, 2
+        ),
+    }
+    row["etcd_sockets_per_agent"] = round(
+        sum(r["sockets"] for r in reports[: len(run.procs)]) / (n - 2), 2
+    )
+    row["lifelines_per_agent"] = (
+        n - 1 if run.prof.backend != "etcd-lease" else min(LEASE_LIFELINES, n - 1)
+    )
+
+
+def lose(
+    run: Run, row: dict[str, Any], what: str, victim: Proc, survivors: list[Proc]
+) -> str | None:
+    """`victim` SIGKILLed ("kill") or SIGSTOPped ("silent"); None, or why the survivors
+    did not re-form."""
+    world = sum(len(p.numbers) for p in survivors)
+    live = [p for p in run.all if p.proc.poll() is None]
+    hold_lifelines(run, run.reports(live), victim)
+    before = _totals(run.reports(survivors))
+    at = time.time()
+    if what == "kill":
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        _send_all(survivors, "reform")  # their workers failed with the victim's sockets
+    else:
+        os.kill(victim.proc.pid, signal.SIGSTOP)
+        loss_detected(run, what, at, partial(_send_all, survivors, "reform"))
+    seconds, reports = run.wait_ranked(survivors, at, world)
+    row[what] = _per(_diff(_totals(reports), before), world)
+    row[f"{what}_spread"] = spread(reports, at)
+    row["failed_joins"] = _failures(reports)
+    if seconds is None:
+        ranked = sum(1 for r in reports for a in r["agents"] if a[1] > at and a[3] == world)
+        return f"{what}: {ranked} of {world} ranked in {PHASE_LIMIT_S:.0f} s"
+    row[f"{what}_s"] = round(seconds, 2)
+    time.sleep(SETTLE_S)
+    return None
+
+
 def run_once(label: str, n: int, workdir: Path) -> dict[str, Any]:
     """One run of every phase; the row: seconds and per-agent costs, or the phase that did
     not converge (`error`) and what the others had reached."""
     prof = profile(label)
     run = Run(prof, n, workdir)
-    row: dict[str, Any] = {
-        "label": label,
-        "backend": prof.backend,
-        "agents": n,
-        "conf": prof.conf(n),
-    }
+    row: dict[str, Any] = {"label": label, "backend": prof.backend, "agents": n}
+    row["conf"] = prof.conf(n)
     try:
         if not all(p.start() for p in run.all):
             return {**row, "error": "an agent process failed to start"}
-        before = _totals(run.reports(run.all))
-        start = time.time()
-        for p in run.all:
-            p.send("join")
-        seconds, reports = run.wait_ranked(run.all, start, n)
-        joined = _totals(reports)
-        row["join"] = _per(_diff(joined, before), n)
-        row["bringup_spread"] = spread(reports, start)
-        if seconds is None:
-            ranked = sum(1 for r in reports for a in r["agents"] if a[1] > start)
-            return {**row, "error": f"bring-up: {ranked} of {n} ranked in {PHASE_LIMIT_S:.0f} s"}
-        row["bringup_s"] = round(seconds, 2)
-
-        for p in run.all:
-            p.send("train")
-        time.sleep(SETTLE_S)
-        quiet0 = _totals(run.reports(run.all))
-        time.sleep(HEARTBEAT_WINDOW)
-        reports = run.reports(run.all)
-        quiet = _diff(_totals(reports), quiet0)
-        beats = max(quiet["heartbeats"], 1)
-        row["heartbeat"] = {
-            "bytes_per_beat": round(quiet["written"].get("heartbeat", 0) / beats),
-            "requests_per_beat": round(quiet["requests"].get("heartbeat", 0) / beats, 2),
-            "beats_per_agent_s": round(quiet["heartbeats"] / n / HEARTBEAT_WINDOW, 2),
-            "monitor_requests_per_agent_s": round(
-                quiet["requests"].get("monitor", 0) / n / HEARTBEAT_WINDOW, 2
-            ),
-        }
-        row["etcd_sockets_per_agent"] = round(
-            sum(r["sockets"] for r in reports[: len(run.procs)]) / (n - 2), 2
-        )
-        row["lifelines_per_agent"] = (
-            n - 1 if prof.backend != "etcd-lease" else min(LEASE_LIFELINES, n - 1)
-        )
-
+        error = bring_up(run, row)
+        if error is not None:
+            return {**row, "error": error}
+        train(run, row)
         kill_victim, silent_victim = run.victims
-        phases = (
-            ("kill", kill_victim, [*run.procs, silent_victim], n - 1),
-            ("silent", silent_victim, run.procs, n - 2),
-        )
-        for what, victim, survivors, world in phases:
-            live = [p for p in run.all if p.proc.poll() is None]
-            hold_lifelines(run, run.reports(live), victim)
-            before = _totals(run.reports(survivors))
-            at = time.time()
-            if what == "kill":
-                os.kill(victim.proc.pid, signal.SIGKILL)
-                for p in survivors:
-                    p.send("reform")  # their workers failed with the victim's sockets
-            else:
-                os.kill(victim.proc.pid, signal.SIGSTOP)
-                loss_detected(run, what, at, partial(_send_all, survivors, "reform"))
-            seconds, reports = run.wait_ranked(survivors, at, world)
-            count = sum(len(p.numbers) for p in survivors)
-            row[what] = _per(_diff(_totals(reports), before), count)
-            row[f"{what}_spread"] = spread(reports, at)
-            if seconds is None:
-                ranked = sum(1 for r in reports for a in r["agents"] if a[1] > at and a[3] == world)
-                return {
-                    **row,
-                    "error": f"{what}: {ranked} of {count} ranked in {PHASE_LIMIT_S:.0f} s",
-                }
-            row[f"{what}_s"] = round(seconds, 2)
-            time.sleep(SETTLE_S)
+        for what, victim, survivors in (
+            ("kill", kill_victim, [*run.procs, silent_victim]),
+            ("silent", silent_victim, run.procs),
+        ):
+            error = lose(run, row, what, victim, survivors)
+            if error is not None:
+                return {**row, "error": error}
         return row
     finally:
         run.stop()

@@ -41,6 +41,22 @@ class EtcdAuthError(EtcdError):
     """etcd refused the user name or password."""
 
 
+#: What etcd answers when it is overloaded or between leaders, not when a request is wrong:
+#: the request may succeed if sent again a moment later.
+_PASSING = ("timed out", "unavailable", "too many requests", "leader", "took too long")
+
+
+def passing(exc: EtcdError) -> bool:
+    """`exc` says etcd could not answer now (unreachable, overloaded, electing a leader),
+    not that the request is refused: worth sending again."""
+    if isinstance(exc, EtcdConnectionError):
+        return True
+    if isinstance(exc, (EtcdNoGateway, EtcdAuthError)):
+        return False
+    text = str(exc).lower()
+    return any(word in text for word in _PASSING)
+
+
 @dataclass(frozen=True)
 class KeyValue:
     key: bytes

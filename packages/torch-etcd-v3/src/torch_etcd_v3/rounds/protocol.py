@@ -18,11 +18,12 @@ so a round is decided once.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 
 from .. import ops
-from ..client import EtcdClient, EtcdError, KeyValue, prefix_end
+from ..client import EtcdClient, EtcdError, KeyValue, passing, prefix_end
 from ..watch import WatchEnded
 from . import reform, rule
 from .decisions import Decisions
@@ -46,6 +47,9 @@ from .wait import Waiter
 #: Seconds a member that saw another die waits for the round re-formed without it before
 #: it joins as usual (whoever re-forms it, normally at once, may have died too).
 REFORM_WAIT = 1.0
+#: The first pause before a join that etcd could not answer is tried again, and the most.
+PAUSE = 0.2
+PAUSE_MOST = 5.0
 
 __all__ = ["Closed", "NodeInfo", "Rendezvous", "Round", "Seen", "Settings", "TimedOut"]
 
@@ -93,8 +97,25 @@ class Rendezvous:
 
     def join(self) -> tuple[Round, int]:
         """Join the open round and wait until one takes this node: the round and this
-        node's rank in it. Raises Closed, TimedOut, or EtcdError."""
+        node's rank in it. Raises Closed, TimedOut, or EtcdError. An etcd that cannot
+        answer for a moment (overloaded, electing a leader, away) is asked again, with a
+        growing pause, until the join timeout: a hiccup of etcd must not end every agent
+        of the job (torch's agent ends on a rendezvous error)."""
         deadline = time.monotonic() + self.settings.join_timeout
+        pause = PAUSE
+        while True:
+            try:
+                return self._join(deadline)
+            except EtcdError as exc:
+                if not passing(exc) or time.monotonic() + pause >= deadline:
+                    raise
+                log.info(
+                    "etcd-lease: etcd did not answer (%s); joining again in %.1f s", exc, pause
+                )
+                time.sleep(pause * random.uniform(0.5, 1.0))
+                pause = min(pause * 2, PAUSE_MOST)
+
+    def _join(self, deadline: float) -> tuple[Round, int]:
         # What the round's watch holds: a member seen gone is re-formed without (by this
         # node, if it is the first live one); the others wait for that, not join.
         self._training.waiting()
