@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable
@@ -46,6 +47,8 @@ class Counts:
         self.writes: Counter[str] = Counter()
         self.written: Counter[str] = Counter()
         self.heartbeats = 0
+        #: The longest a heartbeat took to be answered (s): a lease lapses past its TTL.
+        self.slowest_beat = 0.0
 
     def add(self, write: bool, size: int) -> None:
         """One request; `size`: the bytes it writes, when it is a write."""
@@ -56,9 +59,10 @@ class Counts:
                 self.writes[r] += 1
                 self.written[r] += size
 
-    def beat(self) -> None:
+    def beat(self, took: float = 0.0) -> None:
         with self._lock:
             self.heartbeats += 1
+            self.slowest_beat = max(self.slowest_beat, took)
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -67,6 +71,7 @@ class Counts:
                 "writes": dict(self.writes),
                 "written": dict(self.written),
                 "heartbeats": self.heartbeats,
+                "slowest_beat": round(self.slowest_beat, 2),
             }
 
 
@@ -111,11 +116,15 @@ def wrap_clients() -> None:
     ) -> Any:
         written = _v3_written(path, body)
         COUNTS.add(written is not None, written or 0)
-        if path == "/v3/lease/keepalive" and threading.current_thread().name.startswith(
-            "etcd-lease-keepalive"
-        ):
-            COUNTS.beat()  # etcd-lease's heartbeat (not a store lease's keep-alive)
-        return post_raw(self, path, body, token, timeout)
+        started = time.monotonic()
+        try:
+            return post_raw(self, path, body, token, timeout)
+        finally:
+            if path == "/v3/lease/keepalive" and threading.current_thread().name.startswith(
+                "etcd-lease-keepalive"
+            ):
+                # etcd-lease's heartbeat (not a store lease's keep-alive)
+                COUNTS.beat(time.monotonic() - started)
 
     def counted_stream(self: EtcdClient, path: str, body: dict[str, Any], timeout: Any) -> Any:
         COUNTS.add(False, len(json.dumps(body)))

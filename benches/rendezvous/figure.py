@@ -47,7 +47,7 @@ from benches.rendezvous.profiles import Profile, profile
 from benches.worker import liveness
 
 #: Agents per process at most AGENT_PROCESSES processes (and a process per victim).
-AGENT_PROCESSES = 8
+AGENT_PROCESSES = 16
 #: Seconds a phase may take before the run counts it as not converged.
 PHASE_LIMIT_S = 60.0
 #: Seconds of training measured for the heartbeat figure.
@@ -192,9 +192,11 @@ def _failures(reports: list[dict[str, Any]]) -> int:
 
 def _totals(reports: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"requests": {}, "writes": {}, "written": {}, "heartbeats": 0}
+    out["slowest_beat"] = 0.0
     for r in reports:
         counts = r["counts"]
         out["heartbeats"] += counts["heartbeats"]
+        out["slowest_beat"] = max(out["slowest_beat"], counts.get("slowest_beat", 0.0))
         for key in ("requests", "writes", "written"):
             for role, value in counts[key].items():
                 out[key][role] = out[key].get(role, 0) + value
@@ -353,6 +355,7 @@ def lose(
     row[what] = _per(_diff(_totals(reports), before), world)
     row[f"{what}_spread"] = spread(reports, at)
     row["failed_joins"] = _failures(reports)
+    row["slowest_beat_s"] = _totals(reports)["slowest_beat"]
     if seconds is None:
         ranked = sum(1 for r in reports for a in r["agents"] if a[1] > at and a[3] == world)
         return f"{what}: {ranked} of {world} ranked in {PHASE_LIMIT_S:.0f} s"

@@ -266,6 +266,12 @@ class EtcdClient:
                     "clientAuth as well as serverAuth)"
                 )
             raise EtcdError(f"etcd refused {path}: {message}")
+        error = reply.get("error")
+        if isinstance(error, dict):
+            # A streaming call (lease keep-alive) that failed after its headers: 200 and
+            # {"error": {...}}, e.g. "waiting for the applied index took too long". Read
+            # as a keep-alive's missing TTL it would pass for an expired lease.
+            raise EtcdError(f"etcd refused {path}: {error.get('message') or error}")
         return reply
 
     def post(self, path: str, body: JSON, timeout: float | None = None) -> JSON:
