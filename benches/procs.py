@@ -40,16 +40,16 @@ def etcd_argv(etcd: str, data_dir: Path, client: int, peer: int, *, v2: bool) ->
 
 
 def start_etcd(
-    workdir: Path, *, v2: bool = True, who: str = "bench"
+    workdir: Path, *, v2: bool = True, who: str = "bench", data: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """A private etcd with its data and log (etcd.log) in `workdir`, once it answers
-    /health: the process and its client endpoint (host:port)."""
+    """A private etcd with its data (in `data`, else `workdir`) and log (etcd.log) in
+    `workdir`, once it answers /health: the process and its client endpoint (host:port)."""
     etcd = shutil.which("etcd")
     if etcd is None:
         sys.exit(f"{who}: etcd is not installed: run scripts/bootstrap")
     client, peer = free_port(), free_port()
     log = open(workdir / "etcd.log", "wb")  # noqa: SIM115 - lives as long as etcd
-    argv = etcd_argv(etcd, workdir / "etcd", client, peer, v2=v2)
+    argv = etcd_argv(etcd, (data or workdir) / "etcd", client, peer, v2=v2)
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:

@@ -1,5 +1,10 @@
-"""scripts/bench's rendezvous figure: N agents joining one round against one etcd.
+"""scripts/bench-rendezvous (and scripts/bench's rendezvous figure): N agents of each backend
+against one etcd, through a bring-up, a SIGKILL and a silent loss.
 
-agents.py   one process of agents as threads (`python -m`), joining when told
-figure.py   a run: the etcd, the processes, the seconds and the etcd writes per join
+agents.py    one process of agents as threads (`python -m`), driven line by line
+counting.py  what each agent asks of etcd: requests and bytes written, by activity
+profiles.py  the backends compared, each with the chart's settings for its size
+figure.py    one run: the etcd, the processes, the phases and their seconds
+report.py    the runs reduced to medians, and the table (ratios to etcd-lease)
+cli.py       the sizes and repeats, backends alternating, the JSON written
 """

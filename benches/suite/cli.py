@@ -15,8 +15,10 @@ same run, on this machine (the numbers are only comparable within one run):
   sigterm   SIGTERM of one node of three (a spot reclaim): the same, and the steps lost
   scaleup   two nodes training, a third starts: seconds until all three train
   bringup   four nodes started together until all train at world size 4
-  rendezvous  N agents (several per process) joining one round against one etcd:
-            seconds until the last has joined, and etcd writes per agent
+  rendezvous  N agents (threads in a few processes) of each backend, etcd-v2, etcd-v3
+            and etcd-lease, against one etcd: bring-up, re-form after a SIGKILL and after
+            a silent loss, and what each agent asks of etcd (scripts/bench-rendezvous
+            does the work: benches/rendezvous)
 
 Through the local run of the chart (scripts/bench-churn does the work; root, namespaces):
 
@@ -64,7 +66,9 @@ from benches.churn.localrun import needs_root
 from benches.churn.report import FIGURES as CHURN_FIGURES
 from benches.churn.report import SLOW
 from benches.env import ROOT
-from benches.rendezvous.figure import RDZV_PROFILES, rdzv_summary, rendezvous_once
+from benches.rendezvous.figure import run_once as rendezvous_once
+from benches.rendezvous.profiles import LABELS as RDZV_LABELS
+from benches.rendezvous.report import summarize as rdzv_summarize
 from benches.snapshots.cli import run_figures as run_snapshot_figures
 from benches.snapshots.report import FIGURES as SNAPSHOT_FIGURES
 from benches.stats import summary
@@ -72,8 +76,8 @@ from benches.suite.figures import FIGURES, PROFILES, RUNS, run_once
 from benches.suite.plots import draw_all
 from benches.suite.table import print_table
 
-QUICK_SIZES = "8,32"
-FULL_SIZES = "8,32,128,256"
+QUICK_SIZES = "3,32"
+FULL_SIZES = "3,32,256,1024"
 
 
 @dataclass(frozen=True)
@@ -164,15 +168,12 @@ def run_rendezvous(sizes: list[int], repeat: int) -> dict[str, Any]:
     rows = []
     for agents in sizes:
         for _ in range(repeat):
-            for label in RDZV_PROFILES:
+            for label in RDZV_LABELS:
                 wd = workdir("rdzv")
-                rows.append(rendezvous_once(label, agents, wd))
+                rows.append({**rendezvous_once(label, agents, wd), "load": os.getloadavg()[0]})
                 say(json.dumps(rows[-1]))
                 shutil.rmtree(wd, ignore_errors=True)
-    return {
-        "rows": rows,
-        "summary": {lb: {str(n): rdzv_summary(rows, lb, n) for n in sizes} for lb in RDZV_PROFILES},
-    }
+    return {"rows": rows, "summary": rdzv_summarize(rows)}
 
 
 def timed(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:

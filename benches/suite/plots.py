@@ -127,12 +127,13 @@ def overview(results: dict[str, Any], path: Path) -> bool:
         churn_panels(list(axes[0][len(figures) : len(figures) + len(churn)]), results)
     if "rendezvous" in results:
         ax = axes[0][-1]
-        for label, rows in results["rendezvous"]["summary"].items():
-            xs = sorted(int(n) for n in rows)
-            ax.plot(xs, [rows[str(n)]["median"] for n in xs], marker="o", label=label)
+        for label, cells in results["rendezvous"]["summary"].items():
+            xs = sorted(int(n) for n in cells)
+            ys = [cells[str(n)]["bringup_s"]["median"] for n in xs]
+            ax.plot(xs, ys, marker="o", label=label)  # None: not converged, left out
         ax.set_xscale("log", base=2)
         ax.set_xlabel("agents")
-        ax.set_title("rendezvous: seconds to join")
+        ax.set_title("rendezvous: bring-up seconds")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from benches.churn.report import table_lines as churn_lines
-from benches.rendezvous.figure import RDZV_PROFILES
+from benches.rendezvous.report import table_lines as rendezvous_lines
 from benches.snapshots.report import table_lines as snapshot_lines
 from benches.suite.figures import PROFILES, RUNS
 
@@ -49,28 +49,12 @@ def _run_lines(results: dict[str, Any]) -> list[str]:
     return out
 
 
-def _rendezvous_lines(summ: dict[str, Any]) -> list[str]:
-    out = []
-    for n in summ["elastic-job"]:
-        base, ours, v3 = (summ[lb][n] for lb in RDZV_PROFILES)
-        out.append(f"{f'rendezvous of {n} agents':<28} {fmt(base):>26} {fmt(ours):>26}")
-        for key, what in (
-            ("writes_per_agent", "etcd writes per join"),
-            ("lost_cas_per_agent", "lost CAS per join"),
-            ("evictions", "evictions (median)"),
-        ):
-            out.append(f"{'  ' + what:<28} {_num(base[key]):>26} {_num(ours[key]):>26}")
-        out.append(f"{'  elastic-job on etcd-v3':<28} {'':>26} {fmt(v3):>26}")
-        out.append(f"{'    etcd writes per join':<28} {'':>26} {_num(v3['writes_per_agent']):>26}")
-    return out
-
-
 def table_lines(results: dict[str, Any]) -> list[str]:
     """The table's lines, a header first, for the figures in `results`."""
     out = [f"\n{'figure':<28} {'torch defaults':>26} {'elastic-job':>26} {'ratio':>6}"]
     out += _run_lines(results)
     if "rendezvous" in results:
-        out += _rendezvous_lines(results["rendezvous"]["summary"])
+        out += rendezvous_lines(results["rendezvous"])
     for title, fixed, elastic, ratio in churn_lines(results):
         out.append(f"{title:<34} {fixed:>34} {elastic:>30} {ratio:>6}")
     return out + snapshot_lines(results)

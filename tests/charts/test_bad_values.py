@@ -311,12 +311,24 @@ CASES = [
         "rendezvous-backend-unknown",
         "global.rendezvousBackend",
         ("global.rendezvousBackend=etcd-v4",),
-        also=("etcd-v2", "etcd-v3"),
+        also=("etcd-v2", "etcd-v3", "etcd-lease"),
     ),
     Bad(
         "external-etcd-v3-without-endpoint",
         "rendezvous.endpoint",
         ("global.rendezvousBackend=etcd-v3", "etcd-rendezvous.enabled=false"),
+        also=("3.6",),
+    ),
+    Bad(
+        "external-etcd-lease-without-endpoint",
+        "rendezvous.endpoint",
+        ("global.rendezvousBackend=etcd-lease", "etcd-rendezvous.enabled=false"),
+        also=("3.6", "global.rendezvousBackend=etcd-lease"),
+    ),
+    Bad(
+        "etcd-3.7-with-etcd-lease",
+        "etcd-rendezvous.image.tag",
+        ("global.rendezvousBackend=etcd-lease", "etcd-rendezvous.image.tag=v3.7.0"),
         also=("3.6",),
     ),
     Bad(

@@ -93,21 +93,26 @@ def test_v2_api_and_member_flags_are_consistent() -> None:
 V3 = "global.rendezvousBackend=etcd-v3"
 
 
-def test_etcd_v3_backend_leaves_the_v2_api_off() -> None:
-    """global.rendezvousBackend=etcd-v3: no --enable-v2 flag (off by default since 3.4,
-    gone in 3.6), alone and as elastic-job's dependency (the parent's global)."""
+LEASE = "global.rendezvousBackend=etcd-lease"
+
+
+@pytest.mark.parametrize("backend", [V3, LEASE], ids=["etcd-v3", "etcd-lease"])
+def test_v3_backends_leave_the_v2_api_off(backend: str) -> None:
+    """global.rendezvousBackend=etcd-v3 or etcd-lease: no --enable-v2 flag (off by default
+    since 3.4, gone in 3.6), alone and as elastic-job's dependency (the parent's global)."""
     for chart in (ETCD, ELASTIC_JOB):
-        flags = _flags(_sts(chart, sets=[V3]))
+        flags = _flags(_sts(chart, sets=[backend]))
         assert "enable-v2" not in flags, chart.name
         assert flags["name"] == f"{NAME}-0"
 
 
-def test_etcd_v3_backend_accepts_etcd_3_6() -> None:
-    """global.rendezvousBackend=etcd-v3: image.tag v3.6.x renders (3.6 has no v2 API, and
-    the etcd-v3 backend needs none); 3.5 still does."""
+@pytest.mark.parametrize("backend", [V3, LEASE], ids=["etcd-v3", "etcd-lease"])
+def test_v3_backends_accept_etcd_3_6(backend: str) -> None:
+    """global.rendezvousBackend=etcd-v3 or etcd-lease: image.tag v3.6.x renders (3.6 has no
+    v2 API, and these backends need none); 3.5 still does."""
     for tag in ("v3.6.0", "v3.6.5", "v3.5.21"):
         for chart, key in ((ETCD, "image.tag"), (ELASTIC_JOB, "etcd-rendezvous.image.tag")):
-            etcd = container(_sts(chart, sets=[V3, f"{key}={tag}"]), "etcd")
+            etcd = container(_sts(chart, sets=[backend, f"{key}={tag}"]), "etcd")
             assert etcd["image"] == f"gcr.io/etcd-development/etcd:{tag}"
 
 

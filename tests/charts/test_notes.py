@@ -49,6 +49,9 @@ def test_notes_name_the_rendezvous_backend() -> None:
     assert "Rendezvous (etcd-v3): " in _notes(ELASTIC_JOB, "global.rendezvousBackend=etcd-v3")
     assert "(v2 API on, for etcd-v2 clients)" in _notes(ETCD)
     assert "(v2 API off, for etcd-v3 clients)" in _notes(ETCD, "global.rendezvousBackend=etcd-v3")
+    lease = "global.rendezvousBackend=etcd-lease"
+    assert "Rendezvous (etcd-lease): " in _notes(ELASTIC_JOB, lease)
+    assert "(v2 API off, for etcd-lease clients)" in _notes(ETCD, lease)
 
 
 def test_under_kueue_the_notes_resize_a_group_through_zero() -> None:

@@ -117,9 +117,12 @@ def test_disabled_renders_no_test_pod() -> None:
 V3 = ["global.rendezvousBackend=etcd-v3"]
 
 
+LEASE = ["global.rendezvousBackend=etcd-lease"]
+
+
 def test_tells_the_script_the_backend_the_workers_use() -> None:
     """global.rendezvousBackend reaches the test pod as the workers' ELASTIC_RDZV_BACKEND."""
-    for sets, backend in (([], "etcd-v2"), (V3, "etcd-v3")):
+    for sets, backend in (([], "etcd-v2"), (V3, "etcd-v3"), (LEASE, "etcd-lease")):
         env = {e["name"]: e["value"] for e in _pod(sets=sets)["spec"]["containers"][0]["env"]}
         assert env["ELASTIC_RDZV_BACKEND"] == backend
 
@@ -174,6 +177,26 @@ def test_etcd_v3_script_fails_when_nothing_answers_v3() -> None:
     proc = _run_script(f"127.0.0.1:{free_port()}", V3)
     assert proc.returncode != 0
     assert "etcd-v3 needs etcd 3.5 or 3.6" in proc.stderr
+
+
+def test_etcd_lease_script_passes_where_a_lease_is_granted_renewed_and_revoked(
+    etcd_factory: Callable[..., Any],
+) -> None:
+    """global.rendezvousBackend=etcd-lease: against a real etcd with the v2 API off the check
+    reads etcd's status, then grants a lease, renews and revokes it (every node's membership
+    lives under one), prints OK for both and exits 0."""
+    server = etcd_factory(v2=False)
+    proc = _run_script(server.endpoint, LEASE)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "v3 API" in lines[0] and "a lease is granted, renewed and revoked" in lines[1]
+
+
+def test_etcd_lease_script_fails_when_nothing_answers_v3() -> None:
+    """etcd-lease against an endpoint where no etcd listens: non-zero, naming the backend."""
+    proc = _run_script(f"127.0.0.1:{free_port()}", LEASE)
+    assert proc.returncode != 0
+    assert "etcd-lease needs etcd 3.5 or 3.6" in proc.stderr
 
 
 def test_secret_files_are_readable_by_the_pods_user() -> None:

@@ -141,8 +141,20 @@ def test_rendezvous_backend_reaches_the_worker_from_the_global() -> None:
     """global.rendezvousBackend -> ELASTIC_RDZV_BACKEND: etcd-v2 by default, etcd-v3 when
     set; the same value the bundled etcd follows (test_etcd_statefulset.py)."""
     assert worker_env()["ELASTIC_RDZV_BACKEND"] == "etcd-v2"
-    env = worker_env(sets=["global.rendezvousBackend=etcd-v3"])
-    assert env["ELASTIC_RDZV_BACKEND"] == "etcd-v3"
+    for backend in ("etcd-v3", "etcd-lease"):
+        env = worker_env(sets=[f"global.rendezvousBackend={backend}"])
+        assert env["ELASTIC_RDZV_BACKEND"] == backend
+
+
+def test_etcd_lease_heartbeats_every_second_at_any_size() -> None:
+    """global.rendezvousBackend=etcd-lease: no keep_alive_interval in ELASTIC_RDZV_CONF at
+    any job.maxNodes (the worker's default, 1 s: a lease keep-alive does not contend)."""
+    sets = [
+        "global.rendezvousBackend=etcd-lease",
+        "job.maxNodes=1024",
+        "workerGroups.default.replicas=1024",
+    ]
+    assert "keep_alive_interval" not in worker_env(sets=sets)["ELASTIC_RDZV_CONF"]
 
 
 def test_etcd_v3_backend_keeps_the_rdzv_conf_and_its_tls_keys() -> None:

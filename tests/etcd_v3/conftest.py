@@ -3,6 +3,7 @@ API off."""
 
 from __future__ import annotations
 
+import contextlib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from etcd3_helpers import LEASES
+from lease_helpers import HANDLERS
 from testlib import ETCD_VERSIONS, EtcdServer, start_etcd
 
 
@@ -18,6 +20,11 @@ def _stop_leases() -> Iterator[None]:
     yield
     while LEASES:
         LEASES.pop().stop()
+    while HANDLERS:  # etcd-lease's: each leaves (its lease revoked, its threads stopped)
+        h = HANDLERS.pop()
+        with contextlib.suppress(Exception):
+            h.leave()
+        h.rendezvous.membership.stop()
 
 
 @pytest.fixture(params=ETCD_VERSIONS, ids=lambda v: f"etcd{v}")

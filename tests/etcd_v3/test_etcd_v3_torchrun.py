@@ -6,10 +6,8 @@ that joins a later round."""
 from __future__ import annotations
 
 import contextlib
-import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,52 +15,12 @@ from pathlib import Path
 import pytest
 from etcd3_helpers import count_keys
 from testlib import EtcdServer
+from torchrun_helpers import TTL, Torchrun
 from worker.worker_helpers import kill_tree, wait_until
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).resolve().parent
-STEP = re.compile(r"\[train\] step=(\d+) world_size=(\d+) restart=(\d+)")
-LEASE_TTL = 3
-
-
-class Torchrun:
-    def __init__(
-        self,
-        name: str,
-        etcd: EtcdServer,
-        job: str,
-        tmp: Path,
-        *,
-        steps: int = 60,
-        share_opt_out: bool = True,
-    ) -> None:
-        self.name = name
-        self.log = tmp / f"{name}.log"
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run",
-            "--nnodes=2:3", "--nproc-per-node=1",
-            "--rdzv-backend=etcd-v3", f"--rdzv-endpoint={etcd.endpoint}", f"--rdzv-id={job}",
-            "--rdzv-conf=last_call_timeout=2,join_timeout=120,heartbeat_timeout=5,"
-            f"keep_alive_interval=1,lease_ttl={LEASE_TTL}",
-            "--max-restarts=5", "--monitor-interval=0.5", "--local-addr=127.0.0.1",
-            str(HERE / "train_tiny.py"), str(steps), str(tmp / "ckpt.json"),
-        ]  # fmt: skip
-        env = {"PATH": "/usr/bin:/bin", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-        if share_opt_out:
-            # As elastic-worker sets it (with the agent's shared TCPStore,
-            # docs/notes/2026-11-21-torch-rendezvous-settings.md: a re-formed group can read
-            # a dead peer's gloo address and hang). Each round's master address then travels
-            # through this backend's store.
-            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def steps(self) -> list[tuple[int, int, int]]:
-        text = self.log.read_text(errors="replace")
-        return [(int(m[1]), int(m[2]), int(m[3])) for m in STEP.finditer(text)]
+LEASE_TTL = TTL
 
 
 @pytest.fixture

@@ -27,8 +27,8 @@ nothing (its PodDisruptionBudget) pins a node; empty with an external rendezvous
 {{- end -}}
 {{- end -}}
 
-{{/* torchrun's rendezvous backend, etcd-v2 or etcd-v3: global.rendezvousBackend, the one
-value the bundled etcd follows too (etcd-rendezvous.backend reads the same global). */}}
+{{/* torchrun's rendezvous backend, etcd-v2, etcd-v3 or etcd-lease: global.rendezvousBackend,
+the one value the bundled etcd follows too (etcd-rendezvous.backend reads the same global). */}}
 {{- define "elastic-job.rdzvBackend" -}}
 {{- (.Values.global | default dict).rendezvousBackend | default "etcd-v2" -}}
 {{- end -}}
@@ -66,7 +66,8 @@ bundled etcd has cert-manager issue its certificates, the Secrets it names.
 {{- end -}}
 {{- end -}}
 
-{{/* torchrun --rdzv-conf, "k=v,k=v": the same keys for the etcd-v2 and etcd-v3 handlers (both
+{{/* torchrun --rdzv-conf, "k=v,k=v": the same keys for the etcd-v2, etcd-v3 and etcd-lease
+handlers (etcd-lease reads torch's timing keys the same way; the others are both
 torch's dynamic rendezvous; TLS keys named alike). */}}
 {{- define "elastic-job.rdzvConf" -}}
 {{- $r := .Values.rendezvous -}}

@@ -73,8 +73,8 @@ would cost N squared): $names maps each StatefulSet name to its group. */ -}}
 {{- end -}}
 {{- else -}}
 {{- if not $v.rendezvous.endpoint -}}
-{{- if eq (include "elastic-job.rdzvBackend" .) "etcd-v3" -}}
-{{- fail "rendezvous.endpoint is empty while etcd-rendezvous.enabled is false: set rendezvous.endpoint to host:port of an etcd 3.5 or 3.6 (global.rendezvousBackend=etcd-v3 uses its v3 API)" -}}
+{{- if ne (include "elastic-job.rdzvBackend" .) "etcd-v2" -}}
+{{- fail (printf "rendezvous.endpoint is empty while etcd-rendezvous.enabled is false: set rendezvous.endpoint to host:port of an etcd 3.5 or 3.6 (global.rendezvousBackend=%s uses its v3 API)" (include "elastic-job.rdzvBackend" .)) -}}
 {{- else -}}
 {{- fail "rendezvous.endpoint is empty while etcd-rendezvous.enabled is false: set rendezvous.endpoint to host:port of an etcd 3.5 with the v2 API on (or, for an etcd 3.6, set global.rendezvousBackend=etcd-v3)" -}}
 {{- end -}}

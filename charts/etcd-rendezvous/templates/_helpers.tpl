@@ -148,7 +148,8 @@ set (the tag is kept: the chart checks it names a 3.5 release). Twin of elastic-
 {{- printf "%s-client-tls" (include "etcd-rendezvous.fullname" .) -}}
 {{- end -}}
 
-{{/* The clients' rendezvous backend (global.rendezvousBackend): etcd-v2 or etcd-v3. */}}
+{{/* The clients' rendezvous backend (global.rendezvousBackend): etcd-v2, etcd-v3 or etcd-lease
+(both of the latter speak the v3 API only). */}}
 {{- define "etcd-rendezvous.backend" -}}
 {{- (.Values.global | default dict).rendezvousBackend | default "etcd-v2" -}}
 {{- end -}}
@@ -160,7 +161,8 @@ set (the tag is kept: the chart checks it names a 3.5 release). Twin of elastic-
 {{/*
 Render-time checks. The image tag must be 3.5.11 or later: /livez and /readyz arrived in
 3.5.11. With the etcd-v2 backend it must be a 3.5 release: 3.6 removed the v2 API torch's
-etcd-v2 backend speaks. With etcd-v3 3.6 is accepted too; a later minor is not (untested).
+etcd-v2 backend speaks. With etcd-v3 or etcd-lease 3.6 is accepted too; a later minor is
+not (untested).
 A digest may follow the tag (vX.Y.Z@sha256:...).
 */}}
 {{/* The tags the messages suggest: the 3.5 one is values.yaml's image.tag, the 3.6 one the
@@ -182,7 +184,7 @@ tag ci/etcd-v3-values.yaml installs (tests/charts/test_bad_values.py holds both 
 {{- $minor := index $parts 1 | atoi -}}
 {{- $patch := index $parts 2 | atoi -}}
 {{- $backend := include "etcd-rendezvous.backend" . -}}
-{{- if eq $backend "etcd-v3" -}}
+{{- if ne $backend "etcd-v2" -}}
 {{- if or (gt $major 3) (and (eq $major 3) (ge $minor 7)) -}}
 {{- fail (printf "%simage.tag %q: the chart supports etcd 3.5 (3.5.11 or later) and 3.6; pin one of those (e.g. %s)" $at $tag (include "etcd-rendezvous.suggestedTag36" .)) -}}
 {{- end -}}

@@ -67,6 +67,14 @@ def test_keep_alive_interval_scales_with_max_nodes(max_nodes: str, interval: str
     assert dict(load(ELASTIC_MAX_NODES=max_nodes).rdzv_conf)["keep_alive_interval"] == interval
 
 
+@pytest.mark.parametrize("max_nodes", ["4", "256", "1024"])
+def test_etcd_lease_heartbeats_every_second_at_every_size(max_nodes: str) -> None:
+    """etcd-lease's heartbeat is a lease keep-alive that no other write contends with
+    (docs/rendezvous.md): 1 s whatever ELASTIC_MAX_NODES, a silent node out after 3 s."""
+    cfg = load(ELASTIC_RDZV_BACKEND="etcd-lease", ELASTIC_MAX_NODES=max_nodes)
+    assert dict(cfg.rdzv_conf)["keep_alive_interval"] == "1"
+
+
 def test_a_given_keep_alive_interval_wins_over_the_scaled_default() -> None:
     cfg = load(ELASTIC_MAX_NODES="256", ELASTIC_RDZV_CONF="keep_alive_interval=2")
     assert dict(cfg.rdzv_conf)["keep_alive_interval"] == "2"
@@ -158,7 +166,8 @@ def test_endpoint_forms(raw: str, host: str, port: int) -> None:
         ({"ELASTIC_GRACE_PERIOD": "0"}, "ELASTIC_GRACE_PERIOD=0"),
         (
             {"ELASTIC_RDZV_BACKEND": "etcd-v4"},
-            "ELASTIC_RDZV_BACKEND='etcd-v4' is not a rendezvous backend: use etcd-v2 or etcd-v3",
+            "ELASTIC_RDZV_BACKEND='etcd-v4' is not a rendezvous backend: use etcd-v2, etcd-v3 "
+            "or etcd-lease",
         ),
         # lease_ttl is the etcd-v3 handler's; torch's etcd-v2 would ignore it silently.
         ({"ELASTIC_RDZV_CONF": "lease_ttl=30"}, "torch's etcd-v2 reads:"),
@@ -234,9 +243,18 @@ def test_a_python_without_torch_is_an_image_that_cannot_run_the_worker() -> None
     assert f"elastic-worker: torch is not installed for {python}" in result.stderr
 
 
-def test_the_backend_defaults_to_etcd_v2_and_takes_etcd_v3() -> None:
+def test_the_backend_defaults_to_etcd_v2_and_takes_etcd_v3_and_etcd_lease() -> None:
     assert load().rdzv_backend == "etcd-v2"
     assert load(ELASTIC_RDZV_BACKEND="etcd-v3").rdzv_backend == "etcd-v3"
+    assert load(ELASTIC_RDZV_BACKEND="etcd-lease").rdzv_backend == "etcd-lease"
+
+
+def test_etcd_lease_takes_the_keys_of_torch_etcd_v3() -> None:
+    """etcd-lease is torch_etcd_v3's too: the same connection keys (TLS, user, key_prefix)
+    and torch's timing keys, which it reads itself."""
+    from torch_etcd_v3.config import KEYS  # noqa: PLC0415
+
+    assert config.rdzv_keys("etcd-lease") == KEYS
 
 
 def test_etcd_v3_takes_exactly_the_keys_its_handler_reads() -> None:

@@ -1,6 +1,16 @@
 """torch's key-value Store on etcd v3: the agents' store (master address, rank assignment,
 barriers). Keys live under `<key_prefix>/store/<run_id>/`, each attached to the writing
-agent's lease."""
+agent's lease.
+
+`add` is the exit barrier's counter (torch 2.4+: every agent adds 1 to one key as its
+workers finish, and they finish together), so it must not be a compare-and-set that n
+agents retry: a counter is its base and the key's version when the base was written
+(`\\0add\\0<base>:<version>`), and adding 1 is one transaction that bumps the key's version
+without touching its value (etcd's ignore_value) and reads it back: no retry, whatever
+the number of agents. Other amounts, and a key that set() wrote, take a compare-and-set
+that writes a new base. Every read decodes a counter to its decimal value, as TCPStore
+keeps one.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +21,12 @@ from datetime import timedelta
 from torch._C._distributed_c10d import Store  # torch.distributed's, typed (re-export is not)
 from torch.distributed import DistStoreError
 
+from . import ops
 from .client import EtcdClient, KeyValue, b64, chunks
 from .lease import AgentLease
+
+#: The start of a value that add() keeps as a counter (a value no caller writes: a NUL).
+COUNTER = b"\0add\0"
 
 # What torch's Store methods receive: str from Python callers, bytes from C++ (PrefixStore).
 Data = str | bytes
@@ -20,6 +34,18 @@ Data = str | bytes
 
 def _bytes(data: Data) -> bytes:
     return data.encode() if isinstance(data, str) else bytes(data)
+
+
+def _counter(base: int, version: int) -> bytes:
+    return COUNTER + b"%d:%d" % (base, version)
+
+
+def value_of(kv: KeyValue) -> bytes:
+    """What a key holds as torch reads it: a counter as its decimal value."""
+    if not kv.value.startswith(COUNTER):
+        return kv.value
+    base, _, at = kv.value[len(COUNTER) :].partition(b":")
+    return str(int(base) + kv.version - int(at)).encode()
 
 
 class EtcdV3Store(Store):
@@ -66,17 +92,34 @@ class EtcdV3Store(Store):
     def add(self, key: Data, num: int) -> int:
         """Add `num` to the decimal integer at `key` (0 if absent); the new value."""
         full = self._key(key)
-        while True:
+        if num == 1:
+            reply = self._lease.write(
+                lambda lease: self._client.txn(
+                    compare=[ops.absent(full)],
+                    success=[ops.put(full, _counter(1, 1), lease)],
+                    failure=[
+                        ops.put(full, ignore_value=True, ignore_lease=True),
+                        ops.get(full),
+                    ],
+                )
+            )
+            if reply.get("succeeded", False):
+                return 1
+            found = ops.kvs(ops.responses(reply)[1])
+            if found and found[0].value.startswith(COUNTER):
+                return int(value_of(found[0]))
+        while True:  # another amount, or a value set() wrote: a new base
             current, _ = self._client.get(full)
-            value = (int(current.value) if current is not None else 0) + num
-            if self._put_if(full, current, str(value).encode()):
+            value = (int(value_of(current)) if current is not None else 0) + num
+            version = current.version + 1 if current is not None else 1
+            if self._put_if(full, current, _counter(value, version)):
                 return value
 
     def append(self, key: Data, value: Data) -> None:
         full = self._key(key)
         while True:
             current, _ = self._client.get(full)
-            old = current.value if current is not None else b""
+            old = value_of(current) if current is not None else b""
             if self._put_if(full, current, old + _bytes(value)):
                 return
 
@@ -89,8 +132,8 @@ class EtcdV3Store(Store):
             current, _ = self._client.get(full)
             if current is None and expected:
                 return expected
-            if current is not None and current.value != expected:
-                return current.value
+            if current is not None and value_of(current) != expected:
+                return value_of(current)
             if self._put_if(full, current, desired):
                 return desired
 
@@ -133,7 +176,7 @@ class EtcdV3Store(Store):
         while True:
             found, revision = self._client.get_many(keys)
             if all(k in found for k in keys):
-                return [found[k].value for k in keys]
+                return [value_of(found[k]) for k in keys]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = [k.decode(errors="replace") for k in keys if k not in found]

@@ -13,6 +13,7 @@ from elastic_worker.gate import certusage, netif
 from elastic_worker.gate.wait import CheckResult, Fatal
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.settings.config import Config, RdzvTls
+from elastic_worker.settings.schema import V3_BACKENDS
 
 
 class Resolver:
@@ -91,10 +92,11 @@ def no_api_message(client: kvstore.KeyStore, config: Config) -> str:
     version = client.server_version()
     what = f"etcd {version}" if version else "the server"
     url = client.base_url
-    if config.rdzv_backend == "etcd-v3":
+    if config.rdzv_backend in V3_BACKENDS:
         return (
             f"rendezvous endpoint {url} has no etcd v3 API ({what} answers 404 on "
-            "/v3/maintenance/status), which the etcd-v3 backend needs: run etcd 3.4 or newer "
+            f"/v3/maintenance/status), which the {config.rdzv_backend} backend needs: run "
+            "etcd 3.4 or newer "
             "(its v3 JSON gateway), or set global.rendezvousBackend=etcd-v2 "
             "(ELASTIC_RDZV_BACKEND) for an etcd with the v2 API only"
         )

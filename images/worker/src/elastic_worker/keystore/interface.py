@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from elastic_worker import timings
 from elastic_worker.settings.config import Config
+from elastic_worker.settings.schema import V3_BACKENDS
 
 
 class EtcdError(Exception):
@@ -158,7 +159,7 @@ def connect(config: Config, timeout: float = timings.ETCD_TIMEOUT) -> KeyStore:
     """The worker's client for the job's etcd, on the API of config.rdzv_backend, with
     the TLS (and, on v3, the credentials) torch's handler is given. Raises
     config.ConfigError when a TLS file or the rdzv-conf cannot be used."""
-    if config.rdzv_backend == "etcd-v3":
+    if config.rdzv_backend in V3_BACKENDS:
         from elastic_worker.keystore import etcdv3  # noqa: PLC0415 - imports torch; v3 only
 
         return etcdv3.connect(config, timeout)

@@ -27,7 +27,7 @@ from elastic_worker.settings.rendezvous import (
     parse_tls,
     rdzv_keys,
 )
-from elastic_worker.settings.schema import ConfigError, Kind, Setting
+from elastic_worker.settings.schema import BACKENDS, ConfigError, Kind, Setting
 
 __all__ = [
     "KNOWN_RDZV_KEYS",
@@ -54,7 +54,6 @@ NODE_INFO = (
     ("zone", "NODE_ZONE"),
 )
 
-BACKENDS = ("etcd-v2", "etcd-v3")
 MISMATCH_MODES = ("refuse", "warn", "off")
 
 _JOB_ID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
@@ -229,8 +228,8 @@ def _backend(env: Mapping[str, str]) -> str:
     raw = text(env, "ELASTIC_RDZV_BACKEND")
     if raw not in BACKENDS:
         raise ConfigError(
-            f"ELASTIC_RDZV_BACKEND={raw!r} is not a rendezvous backend: use etcd-v2 or etcd-v3 "
-            "(chart: global.rendezvousBackend)"
+            f"ELASTIC_RDZV_BACKEND={raw!r} is not a rendezvous backend: use etcd-v2, etcd-v3 or "
+            "etcd-lease (chart: global.rendezvousBackend)"
         )
     return raw
 

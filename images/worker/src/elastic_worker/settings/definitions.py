@@ -44,7 +44,8 @@ SETTINGS: tuple[Setting, ...] = (
         Source.VALUE,
         "global.rendezvousBackend",
         "torchrun's --rdzv-backend and the etcd API of the worker's own keys: etcd-v2 (v2 "
-        "API, etcd 3.5 with --enable-v2) or etcd-v3 (torch-etcd-v3, v3 API, etcd 3.5 or 3.6)",
+        "API, etcd 3.5 with --enable-v2), etcd-v3 (torch-etcd-v3, v3 API, etcd 3.5 or 3.6) "
+        "or etcd-lease (torch-etcd-v3's rounds in per-node leased keys, v3 API)",
     ),
     Setting(
         "ELASTIC_MIN_NODES",
@@ -86,7 +87,8 @@ SETTINGS: tuple[Setting, ...] = (
         "rendezvous.* and rendezvous.tls",
         "torchrun --rdzv-conf for the backend's handler (the keys it reads); keys not given "
         f"take {RDZV_CONF_DEFAULT}, but keep_alive_interval=ELASTIC_MAX_NODES/"
-        f"{HEARTBEATS_PER_S} rounded up above {HEARTBEATS_PER_S} nodes. protocol, ca_cert, "
+        f"{HEARTBEATS_PER_S} rounded up above {HEARTBEATS_PER_S} nodes (not with etcd-lease). "
+        "protocol, ca_cert, "
         "ssl_cert, ssl_cert_key also set the worker's own etcd client's TLS",
     ),
     Setting(

@@ -9,7 +9,7 @@ import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from elastic_worker.settings.schema import ConfigError, rdzv_conf_default
+from elastic_worker.settings.schema import V3_BACKENDS, ConfigError, rdzv_conf_default
 
 # The --rdzv-conf keys `--rdzv-backend=etcd-v2` takes (torch 2.13). Written out, not
 # imported: the worker runs etcd-v2 without torch-etcd-v3 installed (an image without it)
@@ -44,14 +44,14 @@ KNOWN_RDZV_KEYS = DYNAMIC_RENDEZVOUS_KEYS | frozenset(
 
 def rdzv_keys(backend: str) -> frozenset[str]:
     """The --rdzv-conf keys the backend's handler (and torch's rendezvous) read."""
-    if backend == "etcd-v3":
+    if backend in V3_BACKENDS:
         # The handler's own list (torch_etcd_v3.config is standard library only, no torch);
         # imported here, not above, so etcd-v2 runs without the package.
         try:
             from torch_etcd_v3.config import KEYS  # noqa: PLC0415
         except ImportError as exc:
             raise ConfigError(
-                f"ELASTIC_RDZV_BACKEND=etcd-v3 needs the torch-etcd-v3 package ({exc}): "
+                f"ELASTIC_RDZV_BACKEND={backend} needs the torch-etcd-v3 package ({exc}): "
                 "use the project's worker image, pip install packages/torch-etcd-v3, or set "
                 "global.rendezvousBackend=etcd-v2"
             ) from None
@@ -162,7 +162,7 @@ def parse_rdzv_conf(
     """`k=v,k=v` into ordered pairs, keys checked against the backend's; the default's
     for a job of up to `max_nodes` fill the keys not given."""
     known = rdzv_keys(backend)
-    merged = _pairs(rdzv_conf_default(max_nodes), name, known)
+    merged = _pairs(rdzv_conf_default(max_nodes, backend), name, known)
     merged.update(_pairs(raw, name, known))
     return tuple(merged.items())
 

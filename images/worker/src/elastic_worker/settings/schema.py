@@ -17,7 +17,7 @@ class Kind(Enum):
 
     JOB_ID = "job id"
     ENDPOINT = "host:port"
-    BACKEND = "etcd-v2 or etcd-v3"
+    BACKEND = "etcd-v2, etcd-v3 or etcd-lease"
     COUNT = "integer >= 1"
     COUNT0 = "integer >= 0"
     PORT = "port 1-65535"
@@ -63,20 +63,30 @@ class Setting:
 HEARTBEATS_PER_S = 32
 
 
-def keep_alive_interval(max_nodes: int) -> int:
+#: The rendezvous backends (global.rendezvousBackend); those that speak etcd's v3 API, for
+#: the worker's own keys too.
+BACKENDS = ("etcd-v2", "etcd-v3", "etcd-lease")
+V3_BACKENDS = ("etcd-v3", "etcd-lease")
+
+
+def keep_alive_interval(max_nodes: int, backend: str = "etcd-v2") -> int:
     """The default `keep_alive_interval` for a job of up to `max_nodes` nodes: 1 s up to
     HEARTBEATS_PER_S nodes, then longer in proportion. It trades detection time: a node
-    lost without leaving is dropped from the round after interval x keep_alive_max_attempt."""
+    lost without leaving is dropped from the round after interval x keep_alive_max_attempt.
+    etcd-lease's heartbeat is a lease keep-alive of a few bytes that no other write
+    contends with (docs/rendezvous.md): 1 s at every size."""
+    if backend == "etcd-lease":
+        return 1
     return max(1, -(-max_nodes // HEARTBEATS_PER_S))
 
 
-def rdzv_conf_default(max_nodes: int) -> str:
+def rdzv_conf_default(max_nodes: int, backend: str = "etcd-v2") -> str:
     """Rendezvous settings the chart writes from `rendezvous.*` (docs/recovery.md says what
     each trades); keys the chart does not set fall back to these."""
     return (
         "join_timeout=600,last_call_timeout=1,close_timeout=10,"
-        f"keep_alive_interval={keep_alive_interval(max_nodes)},keep_alive_max_attempt=3,"
-        "heartbeat_timeout=5"
+        f"keep_alive_interval={keep_alive_interval(max_nodes, backend)},"
+        "keep_alive_max_attempt=3,heartbeat_timeout=5"
     )
 
 
