@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--victim", choices=["rank0", "other", "both"], default="both")
     parser.add_argument(
         "--backend",
-        choices=["etcd-v2", "etcd-v3", "both"],
+        choices=["etcd-v2", "etcd-v3", "etcd-lease", "both"],
         default="etcd-v2",
         help="torchrun's rendezvous backend (etcd-v3: on an etcd without the v2 API)",
     )

@@ -6,5 +6,6 @@ counting.py  what each agent asks of etcd: requests and bytes written, by activi
 profiles.py  the backends compared, each with the chart's settings for its size
 figure.py    one run: the etcd, the processes, the phases and their seconds
 report.py    the runs reduced to medians, and the table (ratios to etcd-lease)
+three.py     the README's figures at 3-4 real torchrun nodes on each backend
 cli.py       the sizes and repeats, backends alternating, the JSON written
 """

@@ -2,6 +2,7 @@
 
     scripts/bench-rendezvous                          # N = 3, 32, 256, 1024; 3 repeats
     scripts/bench-rendezvous --agents 1024 --repeat 10 --backends etcd-lease
+    scripts/bench-rendezvous --three-nodes            # the README's figures, each backend
 
 For each N, each repeat runs every backend once, in turn (figure.py has the phases), so
 that a slower stretch of the machine hits them alike. Prints the medians with each torch
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benches.env import ROOT
+from benches.rendezvous import three
 from benches.rendezvous.figure import run_once
 from benches.rendezvous.profiles import LABELS
 from benches.rendezvous.report import print_table, summarize
@@ -40,6 +42,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench-rendezvous")
     parser.add_argument("--replot", type=Path, metavar="JSON", help="only the table of a run")
+    parser.add_argument(
+        "--three-nodes",
+        action="store_true",
+        help="instead: the README's figures at 3-4 real torchrun nodes on each backend (three.py)",
+    )
     args = parser.parse_args(argv)
     if (
         not re.fullmatch(r"[1-9]\d*(,[1-9]\d*)*", args.agents)
@@ -81,6 +88,12 @@ def run(sizes: list[int], repeat: int, backends: list[str], say: Any = print) ->
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.three_nodes:
+        results = three.run(args.backends.split(","), args.repeat)
+        (args.out / "three-nodes.json").write_text(json.dumps(results, indent=1) + "\n")
+        for line in three.table_lines(results):
+            print(line)
+        return 0
     if args.replot is not None:
         results = json.loads(args.replot.read_text())
     else:

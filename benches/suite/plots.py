@@ -129,7 +129,8 @@ def overview(results: dict[str, Any], path: Path) -> bool:
         ax = axes[0][-1]
         for label, cells in results["rendezvous"]["summary"].items():
             xs = sorted(int(n) for n in cells)
-            ys = [cells[str(n)]["bringup_s"]["median"] for n in xs]
+            # A bench.json from before scripts/bench-rendezvous holds the join's summary itself.
+            ys = [cells[str(n)].get("bringup_s", cells[str(n)])["median"] for n in xs]
             ax.plot(xs, ys, marker="o", label=label)  # None: not converged, left out
         ax.set_xscale("log", base=2)
         ax.set_xlabel("agents")

@@ -7,12 +7,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from lease_helpers import Join, handler, join_all, keys_under, revision
 from testlib import EtcdServer
+from torch.distributed import DistStoreError
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousGracefulExitError,
@@ -215,3 +218,20 @@ def test_the_worker_reads_the_round_and_a_nodes_ring_of_neighbours(etcd3: EtcdSe
     view.take_out(last)
     assert view.broken(first) is None  # re-formed without it at once
     assert view.current() is not None and len(view.current().members) == 3  # type: ignore[union-attr]
+
+
+def test_a_member_waiting_in_the_rounds_store_for_a_dead_member_stops_at_once(
+    etcd3: EtcdServer,
+) -> None:
+    """torch's agent reads the ranks a round's rank 0 writes after the round forms; a member
+    lost then leaves the others waiting in the store for a key nobody will write (300 s,
+    the store's timeout). Here the wait ends as the round is re-formed without it."""
+    hs = [handler(etcd3, min_nodes=1, max_nodes=3) for _ in range(3)]
+    infos = join_all(hs)
+    store = infos[0].store
+    store.set_timeout(timedelta(seconds=60))
+    started = time.monotonic()
+    threading.Timer(1.0, lambda: rounds(etcd3).take_out(str(hs[2].node))).start()
+    with pytest.raises(DistStoreError, match="etcd-lease"):
+        store.get("torchelastic/assigned_ranks/2")
+    assert time.monotonic() - started < 10

@@ -32,6 +32,12 @@ def _run(code: str) -> str:
         "torch_etcd_v3.backoff",
         "torch_etcd_v3.config",
         "torch_etcd_v3.handler",
+        "torch_etcd_v3.ops",
+        "torch_etcd_v3.watch",
+        "torch_etcd_v3.rounds",
+        "torch_etcd_v3.rounds.protocol",
+        "torch_etcd_v3.rounds.view",
+        "torch_etcd_v3.rounds.entry",
         "elastic_worker.keystore.etcdv3",
     ],
 )
@@ -73,16 +79,23 @@ def test_the_backend_and_store_are_there_when_asked_for() -> None:
 
 @pytest.mark.parametrize(
     "first",
-    ["torch_etcd_v3", "torch_etcd_v3.handler", "torch_etcd_v3.backend", "torch_etcd_v3.store"],
+    [
+        "torch_etcd_v3",
+        "torch_etcd_v3.handler",
+        "torch_etcd_v3.backend",
+        "torch_etcd_v3.store",
+        "torch_etcd_v3.rounds.entry",
+        "torch_etcd_v3.rounds.handler",
+    ],
 )
 def test_torch_registry_finds_etcd_v3_whichever_is_imported_first(first: str) -> None:
-    """torch loads the `torchrun.handlers` entry point while importing its rendezvous
+    """torch loads the `torchrun.handlers` entry points while importing its rendezvous
     package; importing a part of this package first must not leave it half-initialised
     for that (it did: a circular import, logged and swallowed by torch)."""
     stderr = _run(
         f"import {first}\n"
         "from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as r\n"
-        "assert 'etcd-v3' in r._registry, sorted(r._registry)\n"
+        "assert {'etcd-v3', 'etcd-lease'} <= set(r._registry), sorted(r._registry)\n"
     )
     assert "Exception while registering" not in stderr, stderr
 
@@ -92,4 +105,7 @@ def test_the_package_declares_torch_for_its_torchrun_part_only() -> None:
     assert project["dependencies"] == []
     assert [r.split(">=")[0] for r in project["optional-dependencies"]["torchrun"]] == ["torch"]
     handlers = project["entry-points"]["torchrun.handlers"]
-    assert handlers == {"etcd-v3": "torch_etcd_v3.handler:handler_creator"}
+    assert handlers == {
+        "etcd-v3": "torch_etcd_v3.handler:handler_creator",
+        "etcd-lease": "torch_etcd_v3.rounds.entry:handler_creator",
+    }

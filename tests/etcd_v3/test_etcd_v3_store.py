@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 from etcd3_helpers import connect
+from lease_helpers import revision
 from testlib import EtcdServer
 from torch._C._distributed_c10d import PrefixStore
 from torch_etcd_v3.store import EtcdV3Store
@@ -131,3 +132,25 @@ def test_multi_set_and_multi_get_of_more_keys_than_one_etcd_transaction_takes(
     store.set_timeout(timedelta(seconds=1))
     with pytest.raises(dist.DistStoreError, match="role_info/300"):
         store.multi_get([*keys, "role_info/300"])
+
+
+def test_add_of_one_is_one_write_without_a_retry_and_other_amounts_and_set_mix(
+    etcd3: EtcdServer,
+) -> None:
+    """add(key, 1), torch 2.4+'s exit barrier, is one transaction whatever the number of
+    agents adding at once (the key's version counts them); other amounts and a value set()
+    wrote take a compare-and-set; every read sees the decimal value, as TCPStore keeps it."""
+    store = make_store(etcd3)
+    before = revision(etcd3)
+    assert [store.add("n", 1) for _ in range(3)] == [1, 2, 3]
+    assert revision(etcd3) - before == 3  # one write each
+    assert store.add("n", 5) == 8
+    assert store.add("n", 1) == 9
+    assert store.add("n", -2) == 7
+    assert store.get("n") == b"7"
+    assert store.multi_get(["n"]) == [b"7"]
+    store.set("s", "40")
+    assert store.add("s", 1) == 41
+    assert store.add("s", 1) == 42
+    assert store.get("s") == b"42"
+    assert store.compare_set("s", "42", "x") == b"x"

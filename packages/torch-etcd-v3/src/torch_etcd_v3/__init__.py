@@ -1,11 +1,14 @@
-"""etcd v3 rendezvous backend and store for torchrun (`--rdzv-backend=etcd-v3`).
+"""etcd v3 rendezvous for torchrun: `--rdzv-backend=etcd-v3` (a backend of torch's dynamic
+rendezvous) and `--rdzv-backend=etcd-lease` (rounds/: a rendezvous of per-node leased keys).
 
 The map, by what each part imports:
 
 - standard library only (no torch): `client` (etcd's v3 JSON gateway: keys, transactions,
-  leases, watches), `lease` (one lease per agent, kept alive), `backoff` (the wait after a
-  lost compare-and-set), `config` (`--rdzv-endpoint`/`--rdzv-conf` -> `Config`), and
-  `handler` (the `torchrun.handlers` entry point; torch imported inside its functions).
+  leases), `ops` (a transaction's operations and answers), `watch` (a long-lived watch read
+  by a thread), `lease` (one lease per agent, kept alive), `backoff` (the wait after a lost
+  compare-and-set), `config` (`--rdzv-endpoint`/`--rdzv-conf` -> `Config`), `handler` (the
+  `torchrun.handlers` entry point; torch imported inside its functions), and `rounds/` but
+  its torchapi.py and handler.py (etcd-lease; its map in rounds/__init__.py).
 - torch (`pip install 'torch-etcd-v3[torchrun]'`, or the host's torch): `backend` (torch's
   `RendezvousBackend`: the state by compare-and-set) and `store` (torch's `Store`).
 

@@ -383,18 +383,18 @@ class EtcdClient:
 
     # -- watch ----------------------------------------------------------------------
 
-    def wait_for_change(self, prefix: bytes, after_revision: int, timeout: float) -> bool:
-        """Block until a key under `prefix` changes after `after_revision`, or `timeout`
-        seconds pass (False). A watch stream, not polling: waiters cost etcd nothing."""
+    def wait_for_change(
+        self, prefix: bytes, after_revision: int, timeout: float, *, exact: bool = False
+    ) -> bool:
+        """Block until a key under `prefix` (`exact`: the key `prefix` alone) changes after
+        `after_revision`, or `timeout` seconds pass (False). A watch stream, not polling:
+        waiters cost etcd nothing."""
         if timeout <= 0:
             return False
-        body = {
-            "create_request": {
-                "key": b64(prefix),
-                "range_end": b64(prefix_end(prefix)),
-                "start_revision": str(after_revision + 1),
-            }
-        }
+        request = {"key": b64(prefix), "start_revision": str(after_revision + 1)}
+        if not exact:
+            request["range_end"] = b64(prefix_end(prefix))
+        body = {"create_request": request}
         deadline = time.monotonic() + timeout
         for message in self._stream("/v3/watch", body, timeout):
             result = message.get("result", {})

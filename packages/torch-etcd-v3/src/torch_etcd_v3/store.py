@@ -15,7 +15,7 @@ keeps one.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from torch._C._distributed_c10d import Store  # torch.distributed's, typed (re-export is not)
@@ -27,6 +27,8 @@ from .lease import AgentLease
 
 #: The start of a value that add() keeps as a counter (a value no caller writes: a NUL).
 COUNTER = b"\0add\0"
+#: Seconds between a waiting get's looks at its interrupt (when it has one).
+INTERRUPT_POLL = 0.5
 
 # What torch's Store methods receive: str from Python callers, bytes from C++ (PrefixStore).
 Data = str | bytes
@@ -55,11 +57,16 @@ class EtcdV3Store(Store):
         prefix: bytes,
         lease: AgentLease,
         timeout: timedelta | None = None,
+        interrupt: Callable[[], str | None] | None = None,
     ) -> None:
         super().__init__()  # the pybind trampoline needs it
         self._client = client
         self._prefix = prefix
         self._lease = lease
+        #: Asked while a get waits (every INTERRUPT_POLL s): a reason ends the wait at once
+        #: with DistStoreError (etcd-lease: the round the wait belongs to lost a member, so
+        #: the key will never come; torch's agent would otherwise wait the store's 300 s).
+        self._interrupt = interrupt
         if timeout is not None:
             self.set_timeout(timeout)
 
@@ -177,12 +184,22 @@ class EtcdV3Store(Store):
             found, revision = self._client.get_many(keys)
             if all(k in found for k in keys):
                 return [value_of(found[k]) for k in keys]
+            missing = [k for k in keys if k not in found]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                missing = [k.decode(errors="replace") for k in keys if k not in found]
                 raise DistStoreError(
                     f"etcd-v3 store: timed out after {wait.total_seconds():g} s waiting for "
-                    f"{', '.join(missing)}"
+                    f"{', '.join(k.decode(errors='replace') for k in missing)}"
                 )
-            # Wake on any change under the store's prefix after the read, then re-read.
-            self._client.wait_for_change(self._prefix, revision, remaining)
+            reason = self._interrupt() if self._interrupt is not None else None
+            if reason is not None:
+                raise DistStoreError(f"etcd-v3 store: stopped waiting for {missing[0]!r}: {reason}")
+            if self._interrupt is not None:
+                remaining = min(remaining, INTERRUPT_POLL)
+            # Wake on a change after the read, then re-read: of the one key missing (n
+            # agents each waiting for their own rank must not each wake on every agent's
+            # write: O(n^2) at a bring-up), else of any key under the store's prefix.
+            if len(missing) == 1:
+                self._client.wait_for_change(missing[0], revision, remaining, exact=True)
+            else:
+                self._client.wait_for_change(self._prefix, revision, remaining)

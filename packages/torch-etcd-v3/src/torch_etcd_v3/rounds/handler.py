@@ -195,5 +195,7 @@ def create_handler(params: RendezvousParameters) -> EtcdLeaseRendezvousHandler:
         return NodeInfo(addr, pid, local_id, free_port())
 
     rdzv = Rendezvous(client, keys, settings, membership, info=info, free_port=free_port)
-    store = EtcdV3Store(client, cfg.store_prefix, AgentLease(client, cfg.lease_ttl))
+    store = EtcdV3Store(
+        client, cfg.store_prefix, AgentLease(client, cfg.lease_ttl), interrupt=rdzv.interrupted
+    )
     return EtcdLeaseRendezvousHandler(cfg.run_id, rdzv, store)

@@ -345,6 +345,13 @@ class Rendezvous:
         agent restarts its workers and joins again)."""
         return self._training.waiting()
 
+    def interrupted(self) -> str | None:
+        """Why this node's round cannot go on (a member gone, a newer round), None while it
+        can or while it has none: the round's store stops waiting for a key then."""
+        if self.round is None or not self._training.waiting():
+            return None
+        return f"round {self.round.number} of etcd-lease lost a member or was re-formed"
+
     def stop_training(self) -> None:
         self._training.stop()
 

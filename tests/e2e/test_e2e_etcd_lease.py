@@ -1,0 +1,128 @@
+"""The main fault scenarios with `--set global.rendezvousBackend=etcd-lease`: torchrun's
+etcd-lease rendezvous (packages/torch-etcd-v3: each node's key under its own lease) and
+the worker's own keys on the v3 API, against the chart's bundled etcd with no v2 API.
+
+Written per backend, so that each scenario of test_e2e_etcd_v3.py can run on both: BACKENDS
+holds what differs. The worker's lifelines and its leave at SIGTERM take a node out through
+torch's internals today (elastic_worker/torchcompat.py), which etcd-lease does not have:
+on etcd-lease the dead node leaves the round when its lease lapses (3 s), a SIGTERMed one
+when its torchrun exits (the handler revokes its lease), and the round re-forms without it
+at once (the first survivor that sees it gone decides: reform.py). `takes_out` says which
+backend has the worker act itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from localrun_e2e import (
+    assert_cleaned_up,
+    assert_nothing_lost,
+    assert_taken_out_by_lifeline,
+    in_order,
+    pod,
+    reform,
+    root_with_namespaces,
+    run_local,
+)
+from test_e2e_etcd_v3 import PROBE_DIR, REFORM_BOUND, assert_v3_only, probe_command
+
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(root_with_namespaces()), reason=root_with_namespaces() or "ok"),
+]
+
+USER_SCRIPT = [
+    "worker.extraVolumes[0].name=user-script",
+    f"worker.extraVolumes[0].hostPath.path={PROBE_DIR}",
+    "worker.extraVolumeMounts[0].name=user-script",
+    "worker.extraVolumeMounts[0].mountPath=/opt/user-script",
+    "worker.extraVolumeMounts[0].readOnly=true",
+]
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    #: The worker takes a dead or leaving node out itself (its lifelines, its leave).
+    takes_out: bool
+
+    @property
+    def sets(self) -> list[str]:
+        return [f"global.rendezvousBackend={self.name}", *USER_SCRIPT]
+
+
+BACKENDS = {
+    "etcd-v3": Backend("etcd-v3", takes_out=True),
+    "etcd-lease": Backend("etcd-lease", takes_out=False),
+}
+#: The scenarios run here: etcd-lease (etcd-v3's are test_e2e_etcd_v3.py's).
+HERE = [pytest.param(BACKENDS["etcd-lease"], id="etcd-lease")]
+
+
+@pytest.mark.parametrize("backend", HERE)
+def test_sigkill_one_pod_reforms_at_two_resumes_and_grows_back(
+    tmp_path: Path, backend: Backend
+) -> None:
+    run = run_local(
+        tmp_path, f"--kill={pod(1)}@step=8:15", command=probe_command(80, 5), sets=backend.sets
+    )
+    assert run.rc == 0, run.describe()
+    assert_nothing_lost(run, 80)
+    kill = reform(run, f"kill {pod(1)}")
+    print(f"{backend.name}: re-form after SIGKILL of {pod(1)}: {kill['seconds']} s")
+    assert kill["world_size"] == 2, run.describe()
+    assert kill["seconds"] is not None and kill["seconds"] < REFORM_BOUND, kill
+    assert kill["steps_lost"] == 0, kill
+    assert in_order(run.summary["world_sizes"], [3, 2, 3]), run.describe()
+    if backend.takes_out:
+        assert_taken_out_by_lifeline(run, pod(1), [pod(0), pod(2)])
+    for n in range(3):
+        assert f"--rdzv-backend={backend.name} " in run.log(pod(n)), run.log(pod(n))[-3000:]
+        assert_v3_only(run.log(pod(n)))
+    assert_cleaned_up(run)
+
+
+@pytest.mark.parametrize("backend", HERE)
+def test_sigterm_spot_reclaim_checkpoints_and_loses_at_most_one_step(
+    tmp_path: Path, backend: Backend
+) -> None:
+    run = run_local(
+        tmp_path,
+        f"--preempt={pod(2)}@step=8:15",
+        command=probe_command(30, 10),
+        sets=[*backend.sets, "worker.terminationGracePeriodSeconds=20"],
+    )
+    assert run.rc == 0, run.describe()
+    assert_nothing_lost(run, 30)
+    log2 = run.log(pod(2))
+    assert re.search(r"^\[train\] sigterm step=(\d+)", log2, re.M), log2[-3000:]
+    preempt = reform(run, f"preempt {pod(2)}")
+    print(f"{backend.name}: re-form after SIGTERM of {pod(2)}: {preempt['seconds']} s")
+    assert preempt["steps_lost"] is not None and preempt["steps_lost"] <= 1, preempt
+    assert preempt["seconds"] is not None and preempt["seconds"] < REFORM_BOUND, preempt
+    assert f"{pod(2)}: grace period over, SIGKILL" not in run.events()
+    if backend.takes_out:
+        assert re.search(r"elastic-worker: left rendezvous \S+ \(participants of round", log2)
+    assert 2 in run.summary["world_sizes"], run.describe()
+    assert_v3_only(log2)
+    assert_cleaned_up(run)
+
+
+@pytest.mark.parametrize("backend", HERE)
+def test_three_pods_complete_and_the_spare_free_job_ends_cleanly(
+    tmp_path: Path, backend: Backend
+) -> None:
+    run = run_local(tmp_path, command=probe_command(20, 5), sets=backend.sets)
+    assert run.rc == 0, run.describe()
+    assert_nothing_lost(run, 20)
+    assert run.summary["world_sizes"][-1] == 3, run.describe()
+    for n in range(3):
+        p = run.summary["pods"][pod(n)]
+        assert p["exit_code"] == 0 and p["restarts"] == 0, (pod(n), run.describe())
+    assert run.summary["rendezvous_scaled_to_zero"] is True, run.describe()
+    assert_cleaned_up(run)
