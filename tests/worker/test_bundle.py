@@ -166,7 +166,7 @@ def test_the_workers_own_processes_see_the_bundles_libraries_ahead_of_the_images
     manifest = json.loads((pod / "bundle.json").read_text())
     assert seen["urllib3"] == manifest["deps"]["urllib3"] != USER_URLLIB3
     assert seen["etcd"] is True and seen["torch_etcd_v3"] is True
-    assert seen["handlers"] == ["etcd-v3"]
+    assert seen["handlers"] == ["etcd-lease", "etcd-v3"]
 
 
 def test_the_warm_server_sees_none_of_the_bundles_libraries(
