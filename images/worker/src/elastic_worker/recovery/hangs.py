@@ -65,6 +65,9 @@ COLLECTIVE_PATHS = ("/torch/distributed/", "/torch/nn/parallel/", "/torch/autogr
 MOVING_BYTES = 1 << 20
 #: Intervals between steps the recent step time is the median of.
 STEP_HISTORY = 9
+#: How this pod's log starts the lines of detail of a stall (each rank's stack, another
+#: pod's culprit): in the pod's log, not events of a live view (localrun/lines.py).
+DETAIL_PREFIXES = ("stack of rank ", "hang seen: ")
 
 
 @dataclass(frozen=True)
@@ -356,12 +359,13 @@ class HangWatch:
             )
             states.append(state)
             logger.warning(
-                "no step for %.0f s: rank %d (pid %d) waits %s%s; its stack:\n%s",
-                idle,
+                "%s%d (pid %d), no step for %.0f s: waits %s%s\n%s",
+                DETAIL_PREFIXES[0],
                 probe.rank,
                 probe.pid,
+                idle,
                 state.where,
-                " (and moves: a slow step, not a hang)" if state.moving else "",
+                " (it moves: slow, not hung)" if state.moving else "",
                 "\n".join(f"  {f}" for f in frames) or "  (no dump)",
             )
         payload = json.dumps({"check": self._checks, "ranks": [asdict(s) for s in states]})

@@ -338,7 +338,13 @@ class NodeLoss:
             return
         named = "; ".join(f"rank {r.rank} of {r.pod} waits {r.where}" for r in verdict.culprits)
         if self.config.pod_name not in verdict.pods:
-            logger.warning("%s: %s, %s: the pod is taken out by itself", found, named, verdict.why)
+            logger.warning(
+                "%s%s: %s, %s: its pod stops it",
+                hangs.DETAIL_PREFIXES[1],
+                found,
+                named,
+                verdict.why,
+            )
             return
         mine = [r for r in verdict.culprits if r.pod == self.config.pod_name]
         ranks = ", ".join(str(r.rank) for r in mine)
