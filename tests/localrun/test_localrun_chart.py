@@ -121,7 +121,7 @@ def test_a_hang_is_one_line_of_the_view_and_its_stacks_stay_in_the_log() -> None
     )
     assert parse_line("worker", stop) == WorkerMessage(stop, shown=True)
     for detail in (
-        "elastic-worker: stack of rank 1 (pid 7), no step for 31 s: waits in wait (threading.py:327)",
+        "elastic-worker: stack of rank 1 (pid 7), no step for 31 s: waits in wait (x.py:3)",
         "elastic-worker: hang seen: no rank of round r@a:1 stepped for 31 s: rank 1 of p-1 ...",
     ):
         assert parse_line("worker", detail) == WorkerMessage(detail, shown=False)
