@@ -83,6 +83,45 @@ def test_a_judgement_waits_one_more_bound() -> None:
     assert clock.stalled(2402.0, BOUND) == 2402.0
 
 
+def idle_watch(
+    client: kvstore.KeyStore, tmp_path: Path, attempt: list[RoundAttempt | None]
+) -> tuple[hangs.HangWatch, Heard]:
+    heard = Heard()
+    watch = hangs.HangWatch(
+        client,
+        f"/elastic-job/{JOB}",
+        "pod-0",
+        bound=BOUND,
+        probe_dir=tmp_path,
+        current=lambda: attempt[0],
+        listener=heard,
+    )
+    return watch, heard
+
+
+def test_a_new_attempt_gets_the_first_step_allowance_again(
+    client: kvstore.KeyStore, tmp_path: Path
+) -> None:
+    """A re-form (or a relaunch) starts new training processes: compilation and the first
+    data again, so the bound starts over."""
+    attempt: list[RoundAttempt | None] = [RoundAttempt("r@a:1", 1)]
+    watch, heard = idle_watch(client, tmp_path, attempt)
+    watch.check(0.0)
+    watch.check(900.0)
+    attempt[0] = RoundAttempt("r@a:2", 2)
+    watch.check(950.0)
+    watch.check(1900.0)  # 1900 s after the first attempt began, 950 after this one
+    assert watch._checks == 0 and heard.verdicts == []
+
+
+def test_no_attempt_no_judgement(client: kvstore.KeyStore, tmp_path: Path) -> None:
+    """Below minNodes, or between two rounds, no training process runs: nothing to judge."""
+    watch, heard = idle_watch(client, tmp_path, [None])
+    watch.check(0.0)
+    watch.check(10_000.0)
+    assert watch._checks == 0 and heard.verdicts == []
+
+
 # -- the culprit ----------------------------------------------------------------------------
 
 
