@@ -1,6 +1,7 @@
 import os, threading, time, sys
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 model = DDP(torch.nn.Linear(8, 1))
@@ -19,6 +20,7 @@ for step in range(start, 60):
     opt.step()
     time.sleep(0.2)
     if rank == 0 and step % 5 == 0:
-        torch.save({"step": step + 1}, path + ".tmp"); os.replace(path + ".tmp", path)
+        torch.save({"step": step + 1}, path + ".tmp")
+        os.replace(path + ".tmp", path)
         print(f"step {step}", flush=True)
 dist.destroy_process_group()

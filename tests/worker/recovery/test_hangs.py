@@ -41,7 +41,7 @@ def test_before_the_second_step_the_bound_is_the_first_step_allowance() -> None:
     clock = hangs.Clock(now=0.0)
     assert clock.stalled(1000.0, BOUND) is None
     assert clock.stalled(1201.0, BOUND) == 1201.0
-    clock.observe((1,), now=600.0)  # a 10-minute first step: still no step time
+    clock.observe({"rank 0": 1}, now=600.0)  # a 10-minute first step: still no step time
     assert clock.step_time() is None
     assert clock.stalled(1700.0, BOUND) is None
 
@@ -49,13 +49,13 @@ def test_before_the_second_step_the_bound_is_the_first_step_allowance() -> None:
 def test_the_bound_is_a_multiple_of_the_recent_step_time_above_the_floor() -> None:
     clock = hangs.Clock(now=0.0)
     for i in range(1, 12):
-        clock.observe((i,), now=10.0 * i)  # 10 s steps
+        clock.observe({"rank 0": i}, now=10.0 * i)  # 10 s steps
     assert clock.step_time() == 10.0
     assert clock.stalled(110.0 + 199.0, BOUND) is None
     assert clock.stalled(110.0 + 201.0, BOUND) == pytest.approx(201.0)
     fast = hangs.Clock(now=0.0)
     for i in range(1, 12):
-        fast.observe((i,), now=0.5 * i)  # 0.5 s steps: the floor holds
+        fast.observe({"rank 0": i}, now=0.5 * i)  # 0.5 s steps: the floor holds
     assert fast.stalled(5.5 + 29.0, BOUND) is None
     assert fast.stalled(5.5 + 31.0, BOUND) is not None
 
@@ -65,14 +65,16 @@ def test_one_slow_step_does_not_move_the_bound_much() -> None:
     t = 0.0
     for i in range(1, 12):
         t += 100.0 if i == 6 else 10.0
-        clock.observe((i,), now=t)
+        clock.observe({"rank 0": i}, now=t)
     assert clock.step_time() == 10.0
 
 
 def test_files_that_appear_with_nothing_stepped_are_no_step() -> None:
     clock = hangs.Clock(now=0.0)
-    assert not clock.observe((None, (0, 0), (1, 0)), now=1.0)
-    assert clock.observe((None, (0, 1), (1, 1)), now=2.0)
+    assert not clock.observe({"rank 0": 0, "rank 1": 0}, now=1.0)
+    assert clock.observe({"rank 0": 1, "rank 1": 0}, now=2.0)
+    assert not clock.observe({"rank 0": 1, "rank 1": 0, "rank 2": 0}, now=3.0)
+    assert clock.observe({"step=": 1}, now=4.0)  # the script's first `step=0`
 
 
 def test_a_judgement_waits_one_more_bound() -> None:

@@ -90,18 +90,18 @@ class Clock:
         self.started = now
         self.last = now  # the last progress seen (the attempt's start before any)
         self._judged = now  # the last judgement: the next comes one bound after it
-        self._seen: tuple[object, ...] | None = None
+        self._counts: dict[str, int] = {}  # the highest count of each source seen
         self._steps = 0  # progress events seen
         self._intervals: deque[float] = deque(maxlen=STEP_HISTORY)
 
-    def observe(self, signature: tuple[object, ...], now: float) -> bool:
-        """`signature`: every progress count read now; True when it moved."""
-        if signature == self._seen:
+    def observe(self, counts: dict[str, int], now: float) -> bool:
+        """`counts`: each source's count read now (a rank's steps, the script's `step=`);
+        True when one went past what it was (a rank that appears at 0 has not stepped)."""
+        moved = any(n > self._counts.get(source, 0) for source, n in counts.items())
+        for source, n in counts.items():
+            self._counts[source] = max(n, self._counts.get(source, 0))
+        if not moved:
             return False
-        first = self._seen is None
-        self._seen = signature
-        if first and not any(v for v in signature if isinstance(v, int)):
-            return False  # the files appeared with nothing stepped yet
         if self._steps > 0:
             self._intervals.append(now - self.last)
         self._steps += 1
@@ -319,8 +319,10 @@ class HangWatch:
         if attempt is None or self._clock is None:
             return
         probes = self._probes()
-        signature: tuple[object, ...] = (user, *sorted((p.rank, p.steps) for p in probes))
-        if self._clock.observe(signature, now) and self._reported is not None:
+        counts = {f"rank {p.rank}": p.steps for p in probes}
+        if user is not None:
+            counts["step="] = user + 1  # a first `step=0` is a step
+        if self._clock.observe(counts, now) and self._reported is not None:
             with contextlib.suppress(kvstore.EtcdError):  # it steps again: not part of a hang
                 self.client.delete(self._reported)
             self._reported = None
