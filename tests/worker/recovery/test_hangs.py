@@ -189,6 +189,26 @@ def test_the_probe_counts_optimizer_steps_and_dumps_stacks_on_its_signal(probe_d
         assert frames and frames[-1].func == "<module>" and frames[0].func == "wait"
         assert not hangs.in_collective(frames)
         assert proc.poll() is None  # the dump did not stop it
+        assert not (probe_dir / "ended-1").exists()  # its script still runs
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_script_that_returned_is_not_judged(client: kvstore.KeyStore, tmp_path: Path) -> None:
+    """After its script returns, a process's teardown and torch's exit barrier take time
+    with no step: the warm child says the script ended (rankprobe.ended), and the watch
+    judges nothing of that attempt."""
+    proc = subprocess.Popen(["sleep", "600"])
+    try:
+        line = f"pid={proc.pid} rank=0 thread=1 steps=5\n"
+        (tmp_path / "rank-0").write_text(line)
+        (tmp_path / "ended-0").touch()
+        watch, heard = idle_watch(client, tmp_path, [RoundAttempt("r@a:1", proc.pid)])
+        watch.check(0.0)
+        watch.check(5000.0)
+        assert watch._checks == 0 and heard.verdicts == []
+        assert proc.poll() is None  # never sent a signal
     finally:
         proc.kill()
         proc.wait()

@@ -319,6 +319,9 @@ class HangWatch:
         if attempt is None or self._clock is None:
             return
         probes = self._probes()
+        if any(p.ended for p in probes):  # the script returned: teardown, exit barrier
+            self._attempt = self._clock = None
+            return
         counts = {f"rank {p.rank}": p.steps for p in probes}
         if user is not None:
             counts["step="] = user + 1  # a first `step=0` is a step
