@@ -214,6 +214,29 @@ def test_a_script_that_returned_is_not_judged(client: kvstore.KeyStore, tmp_path
         proc.wait()
 
 
+def test_what_a_ranks_children_read_counts_as_moving(tmp_path: Path) -> None:
+    """A data loader's workers read while the rank waits on their queue: the rank moves."""
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import os, sys, time\\nfd = os.open(sys.executable, 0)\\n"
+        "while True: os.pread(fd, 1 << 16, 0); time.sleep(0.001)'])\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([str(PYTHON), "-c", script])
+    try:
+        time.sleep(1.0)
+        before = hangs._io_bytes(proc.pid)
+        time.sleep(1.0)
+        assert hangs._io_bytes(proc.pid) - before > hangs.MOVING_BYTES
+    finally:
+        for child in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(child), 9)
+        proc.kill()
+        proc.wait()
+
+
 def test_without_a_probe_directory_nothing_is_installed() -> None:
     assert not rankprobe.install({"RANK": "0", "LOCAL_RANK": "0"})
 

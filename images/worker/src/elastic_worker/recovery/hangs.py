@@ -19,8 +19,9 @@ timeout, forever. So, beside torchrun:
   STACK_GAP apart (faulthandler, through rankprobe's signal: no ptrace, nothing stopped),
   logs each rank's main stack, and reports per rank its steps, its stack, whether it is
   inside a collective (a frame of torch.distributed, DDP or autograd's backward) and
-  whether it moves (its stack changed between the dumps, or it read or wrote more than
-  MOVING_BYTES: a long checkpoint, an evaluation, a slow step) under
+  whether it moves (its stack changed between the dumps, or it or its children read or
+  wrote more than MOVING_BYTES, sockets included: a long checkpoint, an evaluation, a data
+  loader's workers starting an epoch, a collective moving data) under
   <prefix>/hangs/<round>/<pod>.
 - **The culprit** (`blame`), once every member of the round reported: nobody, if any rank
   moves; else the ranks behind the others' step; else those outside any collective while
@@ -436,13 +437,24 @@ class HangWatch:
 
 
 def _io_bytes(pid: int) -> int:
-    """What the process read and wrote so far (0 when /proc does not say)."""
-    try:
-        text = Path(f"/proc/{pid}/io").read_text()
-    except OSError:
-        return 0
-    fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
-    return int(fields.get("rchar", 0)) + int(fields.get("wchar", 0))
+    """What the process and its children (a data loader's workers) read and wrote so far,
+    sockets included; 0 for what /proc does not say."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        proc = todo.pop()
+        if proc in seen:
+            continue
+        seen.add(proc)
+        try:
+            text = Path(f"/proc/{proc}/io").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+        total += int(fields.get("rchar", 0)) + int(fields.get("wchar", 0))
+        for task in Path(f"/proc/{proc}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                todo.extend(int(c) for c in task.read_text().split())
+    return total
 
 
 def _size(path: Path) -> int:
