@@ -404,8 +404,9 @@ class HangWatch:
         return out
 
     def agree(self, attempt: RoundAttempt, mine: list[RankState]) -> Verdict | None:
-        """The verdict once every alive member of the round reported this check; None
-        when a member did not within `agree_for` (it steps: the round is not hung)."""
+        """The verdict once every alive member of the round has a stall report standing
+        (a pod deletes its own when it steps again); None when one did not report within
+        `agree_for` (it steps: the round is not hung)."""
         deadline = time.monotonic() + self.agree_for
         while not self._stop.is_set():
             members = self._members(attempt.round)
