@@ -208,6 +208,21 @@ def etcd_command(
 def start_etcd(
     data_dir: Path, *, v2: bool = True, host: str = "127.0.0.1", version: str = "3.4"
 ) -> EtcdServer:
+    """A real etcd on free ports: another process may take a free port before etcd binds
+    it (three test workers start etcds at once), so a bind refused is tried again."""
+    for _ in range(3):
+        try:
+            return _start_etcd(data_dir, v2=v2, host=host, version=version)
+        except _PortTaken:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    return _start_etcd(data_dir, v2=v2, host=host, version=version)
+
+
+class _PortTaken(Exception):
+    pass
+
+
+def _start_etcd(data_dir: Path, *, v2: bool, host: str, version: str) -> EtcdServer:
     etcd = etcd_binary(version)
     client, peer = free_port(), free_port()
     cmd = etcd_command(etcd, data_dir, host, client, peer, v2=v2)
@@ -217,6 +232,9 @@ def start_etcd(
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            log.flush()
+            if b"address already in use" in Path(log.name).read_bytes():
+                raise _PortTaken(log.name)
             pytest.fail(f"etcd exited with {proc.returncode}; see {log.name}")
         try:
             with urllib.request.urlopen(f"{server.url}/health", timeout=1) as resp:

@@ -20,6 +20,9 @@ import pytest
 import yaml
 from chart_render import CHARTS, ROOT, cases, load, render
 
+# checkov's scan of every render takes over a minute: not in `scripts/test --quick`.
+pytestmark = pytest.mark.slow
+
 CHECKOV = ROOT / ".tools" / "checkov" / "bin" / "checkov"
 SKIP_KEY = re.compile(r"^checkov\.io/skip\d+$")
 # Where each chart keeps its reasons (the one place), and nowhere else in its templates.

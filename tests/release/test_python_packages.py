@@ -26,6 +26,9 @@ from release_helpers import release_wheels
 from testlib import ROOT, runner_python
 from workflow_runner import Skip, clean_copy, load, run_job
 
+# building the wheels and installing them takes about a minute: not in `scripts/test --quick`.
+pytestmark = pytest.mark.slow
+
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yaml"
 VERSION = (ROOT / "VERSION").read_text().strip()
 PACKAGES = sorted(p.parent.name for p in ROOT.glob("packages/*/pyproject.toml"))
