@@ -1,17 +1,18 @@
-"""The rendezvous of `etcd-lease`, standard library only: a node joins the open round,
-waits for its decision, writes the decision itself when it sees the rule hold
-(rule.py), and, while its round trains, learns from one watch who waits and who is gone.
+"""The rendezvous of `etcd-lease`, standard library only: a node adopts a round decided for
+it since its last (a re-form: reform.py), else joins the open round, waits for its
+decision and writes the decision itself when it sees the rule hold (rule.py); while its
+round trains it learns from a watch who waits and who is gone (training.py).
 
 What a node costs etcd, whatever the size of the job:
-- a join: one transaction (two for a node that has not seen the last decision): its
-  membership and join keys written, the open round counted in the same transaction;
-- waiting: one watch on the decision (and, while it is the newest joiner, on the joins);
+- a join: one transaction (two for a node that has not seen the last decision): its join
+  key written and the open round counted in the same transaction; none when it adopts;
+- waiting: its one watch of the decisions (decisions.py); the newest joiner also watches
+  the joins (wait.py);
 - a heartbeat: one lease keep-alive (member.py);
-- while training: the same watch, read when torch's agent asks `num_nodes_waiting`;
+- while training: a watch, read when torch's agent asks `num_nodes_waiting`;
 - the node that decides reads the joins and writes the decision once: O(n) bytes a round.
 
-Who decides: the node that sees the rule hold first (wait.py says who looks when). The
-decision is a transaction that writes `d` only if it is still the one the decider read,
+A decision is a transaction that writes `d` only if it is still the one its writer read,
 so a round is decided once.
 """
 
