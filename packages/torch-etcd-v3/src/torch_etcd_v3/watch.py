@@ -68,6 +68,14 @@ class Watch:
         self._ended = False
         #: The store's revision when etcd created the watch: it sees every change after.
         self.revision = self._created()
+        if start_revision and self.revision < start_revision - 1:
+            # etcd is behind what this client has seen: it lost its data (a new member
+            # on an empty disk) and counts from 1 again; the start is in its future.
+            self.close()
+            raise WatchEnded(
+                f"etcd's revision {self.revision} is behind {start_revision - 1}: it lost its data",
+                compacted=True,
+            )
         thread = threading.Thread(target=self._read, name="etcd-watch", daemon=True)
         thread.start()
 

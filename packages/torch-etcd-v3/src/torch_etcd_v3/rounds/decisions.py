@@ -43,7 +43,15 @@ class Decisions:
         keys = self._keys
         try:
             start = self._after + 1 if self._after else 0
-            watch = Watch(self._client, keys.decision, keys.decisions_end, start)
+            try:
+                watch = Watch(self._client, keys.decision, keys.decisions_end, start)
+            except WatchEnded as exc:
+                if not exc.compacted:
+                    raise
+                # Its history is gone (compacted, or etcd lost its data): from now on,
+                # and say so, for what came before is read afresh.
+                self._after, self.gap, self.latest, self._latest_at = 0, True, None, 0
+                watch = Watch(self._client, keys.decision, keys.decisions_end)
         except EtcdError as exc:  # asked again at the next call
             log.debug("etcd-lease: no watch of the decisions: %s", exc)
             self.gap = True
@@ -67,7 +75,7 @@ class Decisions:
                     watch.close()
                     self._watch = None
                 if exc.compacted:  # from now on; what came before is read afresh
-                    self._after, self.gap = 0, True
+                    self._after, self.gap, self.latest, self._latest_at = 0, True, None, 0
             return []
         with self._lock:
             for event in events:

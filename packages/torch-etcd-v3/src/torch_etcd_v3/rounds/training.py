@@ -73,16 +73,25 @@ class Training:
         if round_ is None:
             return None
         try:
-            return Watch(
-                self._client,
-                keys.base + b"j/",
-                keys.changes_end,
-                self._after + 1,
-                until=lambda event: self._counts(round_, event) > 0,
-            )
+            return self._watch_from(keys, round_)
+        except WatchEnded as exc:
+            if exc.compacted:  # etcd lost its history (its data): this round is gone too
+                self._waiting = 1
+            return None
         except EtcdError as exc:  # asked again at the next call
             log.debug("etcd-lease: no watch of the round: %s", exc)
             return None
+
+    def _watch_from(self, keys: Keys, round_: Round) -> Watch:
+        """The joins and the members from the round's decision on, until a change that
+        counts (in the reader's thread: the rest of a re-form is never read)."""
+        return Watch(
+            self._client,
+            keys.base + b"j/",
+            keys.changes_end,
+            self._after + 1,
+            until=lambda event: self._counts(round_, event) > 0,
+        )
 
     def waiting(self) -> int:
         """torch's num_nodes_waiting for this member (protocol.Rendezvous.waiting)."""
