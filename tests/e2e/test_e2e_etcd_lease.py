@@ -126,3 +126,63 @@ def test_three_pods_complete_and_the_spare_free_job_ends_cleanly(
         assert p["exit_code"] == 0 and p["restarts"] == 0, (pod(n), run.describe())
     assert run.summary["rendezvous_scaled_to_zero"] is True, run.describe()
     assert_cleaned_up(run)
+
+
+@pytest.mark.parametrize("backend", HERE)
+def test_scale_up_two_to_three_then_down_to_two_while_training(
+    tmp_path: Path, backend: Backend
+) -> None:
+    run = run_local(
+        tmp_path,
+        "--scale=default=3@step=5",
+        "--scale=default=2@step=18",
+        command=probe_command(32, 4),
+        sets=[*backend.sets, "workerGroups.default.replicas=2"],
+    )
+    assert run.rc == 0, run.describe()
+    assert_nothing_lost(run, 32)
+    assert in_order(run.summary["world_sizes"], [2, 3, 2]), run.describe()
+    assert run.steps_of(pod(2)), "the added pod trained"
+    assert_cleaned_up(run)
+
+
+@pytest.mark.parametrize("backend", HERE)
+def test_four_replicas_with_max_three_the_spare_takes_a_lost_place_and_exits_zero(
+    tmp_path: Path, backend: Backend
+) -> None:
+    run = run_local(
+        tmp_path,
+        "--scale=default=4@step=3",
+        f"--kill={pod(0)}@step=12:20",
+        command=probe_command(50, 5),
+        sets=backend.sets,
+        timeout=420,
+    )
+    assert run.rc == 0, run.describe()
+    assert_nothing_lost(run, 50)
+    assert max(run.summary["world_sizes"]) == 3, run.describe()
+    first = re.search(r"^\[train\] .*$", run.log(pod(3)), re.M)
+    assert first and first.group(0).startswith("[train] resumed"), run.log(pod(3))[-3000:]
+    for n in range(4):
+        last_run = run.log(pod(n)).rsplit("==== elastic-local: worker start", 1)[-1]
+        if "[train] done" not in last_run:
+            assert run.summary["pods"][pod(n)]["exit_code"] == 0, (n, run.describe())
+    assert_cleaned_up(run)
+
+
+@pytest.mark.parametrize("backend", HERE)
+def test_restart_rendezvous_pod_the_job_recovers_and_completes(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """The bundled etcd's pod deleted and made again, empty: every lease and round is gone;
+    the nodes join anew and the job completes."""
+    run = run_local(
+        tmp_path,
+        "--restart-rendezvous@step=8",
+        command=probe_command(30, 5),
+        sets=backend.sets,
+        timeout=420,
+    )
+    assert run.rc == 0, run.describe()
+    assert_nothing_lost(run, 30)
+    assert_cleaned_up(run)
