@@ -35,10 +35,12 @@ class WatchEnded(EtcdError):
     """The stream ended: etcd went away, closed it, or compacted the history it needed.
     The reader reads the state afresh and watches again from there."""
 
-    def __init__(self, message: str, *, compacted: bool = False) -> None:
+    def __init__(self, message: str, *, compacted: bool = False, lost: bool = False) -> None:
         super().__init__(message)
         #: etcd no longer has the history from the watch's start: watch from now on.
-        self.compacted = compacted
+        self.compacted = compacted or lost
+        #: ... because it lost its data (its revisions count from 1 again).
+        self.lost = lost
 
 
 class Watch:

@@ -144,6 +144,7 @@ class Rendezvous:
 
     def _take(self, round_: Round, node: str) -> tuple[Round, int]:
         self.round, self.spare = round_, False
+        self.decisions.joined()
         self.membership.keep_round(round_.lease)
         self._training.start(round_)
         return round_, round_.members.index(node)

@@ -99,15 +99,14 @@ class Training:
             round_ = self._round
             if round_ is None or self._waiting:
                 return self._waiting
-            for event in self._decisions.next(0):
-                if event.kv.key == self._keys.decision and event.kv.mod_revision > round_.id:
-                    self._waiting = 1  # a newer round (or its lapse): this one is over
-            if self._decisions.gap or self._waiting:
+            self._decisions.drain()
+            if self._decisions.newer_than(round_.id):
+                self._waiting = 1  # a newer round (or the lapse of this one's)
                 self._close()
-                return max(self._waiting, int(self._decisions.gap))
+                return self._waiting
             watch = self._watch = self._watch or self._open()
             if watch is None:
-                return 0
+                return self._waiting
             try:
                 while not self._waiting:
                     events = watch.next(0)
