@@ -48,6 +48,9 @@ from .wait import Waiter
 #: Seconds a member that saw another die waits for the round re-formed without it before
 #: it joins as usual (whoever re-forms it, normally at once, may have died too).
 REFORM_WAIT = 1.0
+#: Seconds a member that saw nothing (its own workers failed) waits for a re-form decided
+#: by whoever saw a peer die, before it joins; a node that restarts alone pays it once.
+REFORM_GRACE = 0.5
 #: The first pause before a join that etcd could not answer is tried again, and the most.
 PAUSE = 0.2
 PAUSE_MOST = 5.0
@@ -118,18 +121,22 @@ class Rendezvous:
 
     def _join(self, deadline: float) -> tuple[Round, int]:
         # What the round's watch holds: a member seen gone is re-formed without (by this
-        # node, if it is the first live one); the others wait for that, not join.
+        # node, if it is the first live one); the others wait for that, not join. A member
+        # that saw nothing (its workers failed: a peer's death is the usual cause) waits a
+        # moment for that re-form too, before it writes a join: at a loss of one of n
+        # nodes the n-1 others would otherwise all write one, racing the re-form.
         self._training.waiting()
-        lost = bool(self._training.gone())
+        lost, saw_join = bool(self._training.gone()), self._training.saw_join()
+        wait = REFORM_WAIT if lost else 0.0 if saw_join or self.round is None else REFORM_GRACE
         self._training.stop()
         self.decisions.drain()
         while True:
             adopted = self._adopt(self.decisions.latest)
             if adopted is not None:
                 return adopted
-            if lost:
-                lost = False
-                self._await_reform(min(deadline, time.monotonic() + REFORM_WAIT))
+            if wait:
+                self._await_reform(min(deadline, time.monotonic() + wait))
+                wait = 0.0
                 continue
             joined = self._put_join()
             if joined is None:

@@ -37,6 +37,7 @@ class Training:
         #: Called (in `waiting`'s thread) with the round and its members seen gone.
         self._on_gone = on_gone
         self._gone: set[str] = set()
+        self._joined = False
         self._lock = threading.Lock()
         self._members: frozenset[str] = frozenset()
         self._round: Round | None = None
@@ -51,7 +52,14 @@ class Training:
             self._round, self._waiting, self._after = round_, 0, round_.id
             self._members = frozenset(round_.members)
             self._gone = set()
+            self._joined = False
             self._watch = self._open()
+
+    def saw_join(self) -> bool:
+        """A node joined the next round while this one trained (a newcomer, or a member
+        that restarts): this member's restart is a re-join, nothing to wait for."""
+        with self._lock:
+            return self._joined
 
     def gone(self) -> frozenset[str]:
         """The members of the round seen gone (taken in by `waiting`)."""
@@ -115,11 +123,7 @@ class Training:
                     for event in events:
                         self._after = max(self._after, event.kv.mod_revision)
                         self._waiting = max(self._waiting, self._counts(round_, event))
-                        if (
-                            event.kind == DELETE
-                            and self._keys.node_of(event.kv.key) in self._members
-                        ):
-                            self._gone.add(str(self._keys.node_of(event.kv.key)))
+                        self._note(round_, event)
             except WatchEnded:
                 self._close()  # opened again from where it was at the next call
                 return 0
@@ -128,6 +132,15 @@ class Training:
         if gone:
             self._on_gone(round_, gone)  # outside the lock: it writes to etcd
         return self._waiting
+
+    def _note(self, round_: Round, event: Event) -> None:
+        """Why the round is over for this member: a member gone, or a join of the next."""
+        node = self._keys.node_of(event.kv.key)
+        if event.kind == DELETE and node is not None and node in self._members:
+            self._gone.add(node)
+        joined = self._keys.join_of(event.kv.key)
+        if event.kind == PUT and joined is not None and joined[0] == round_.id:
+            self._joined = True
 
     def _counts(self, round_: Round, event: Event) -> int:
         """What `event` adds to torch's `num_nodes_waiting` of `round_`'s member."""
