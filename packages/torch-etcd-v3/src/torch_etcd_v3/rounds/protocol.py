@@ -48,9 +48,12 @@ from .wait import Waiter
 #: Seconds a member that saw another die waits for the round re-formed without it before
 #: it joins as usual (whoever re-forms it, normally at once, may have died too).
 REFORM_WAIT = 1.0
-#: Seconds a member that saw nothing (its own workers failed) waits for a re-form decided
-#: by whoever saw a peer die, before it joins; a node that restarts alone pays it once.
+#: Seconds a member of a round of more than GRACE_FROM nodes that saw nothing (its own
+#: workers failed) waits for a re-form decided by whoever saw a peer die, before it joins:
+#: its n-1 peers' joins would race that re-form (a second of etcd's time at 1,024 nodes).
+#: A smaller round's joins cost little, and a node that restarts alone pays it once.
 REFORM_GRACE = 0.5
+GRACE_FROM = 64
 #: The first pause before a join that etcd could not answer is tried again, and the most.
 PAUSE = 0.2
 PAUSE_MOST = 5.0
@@ -127,7 +130,8 @@ class Rendezvous:
         # nodes the n-1 others would otherwise all write one, racing the re-form.
         self._training.waiting()
         lost, saw_join = bool(self._training.gone()), self._training.saw_join()
-        wait = REFORM_WAIT if lost else 0.0 if saw_join or self.round is None else REFORM_GRACE
+        large = self.round is not None and len(self.round.members) > GRACE_FROM
+        wait = REFORM_WAIT if lost else REFORM_GRACE if large and not saw_join else 0.0
         self._training.stop()
         self.decisions.drain()
         while True:
