@@ -12,19 +12,38 @@ from testlib import HELMS, ROOT, EtcdServer, build_chart_dependencies, start_etc
 EXTENDED = "ELASTIC_TEST_EXTENDED"
 
 
+#: Tests that share something outside their own files (the machine's podman images and
+#: containers, the release's local registry): one worker runs each group, whatever its files.
+SHARED = {
+    "podman": (
+        "tests/images/",
+        "tests/release/",
+        "tests/ci/test_ci_workflow_run.py",
+        "tests/docs/test_docs_build_commands.py",
+    ),
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Variants marked `extended` run only when asked: CI keeps a representative subset."""
-    if os.environ.get(EXTENDED) == "1":
-        return
+    """Variants marked `extended` run only when asked: CI keeps a representative subset.
+    Under xdist (scripts/test), a file's tests run on one worker, and so do the files of a
+    SHARED group (`--dist loadgroup`)."""
     skip = pytest.mark.skip(reason=f"an extended variant: set {EXTENDED}=1 to run it")
     for item in items:
-        if "extended" in item.keywords:
+        if "extended" in item.keywords and os.environ.get(EXTENDED) != "1":
             item.add_marker(skip)
+        if item.get_closest_marker("xdist_group") is None:
+            path = item.nodeid.split("::")[0]
+            group = next((g for g, paths in SHARED.items() if path.startswith(paths)), path)
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """The charts' file:// dependencies built from the checkout as it is now."""
-    build_chart_dependencies()
+    """The charts' file:// dependencies built from the checkout as it is now, once: by the
+    controller before it starts any xdist worker (a worker has `workerinput`)."""
+    if not hasattr(session.config, "workerinput"):
+        build_chart_dependencies()
 
 
 @pytest.fixture(scope="session")

@@ -1,21 +1,31 @@
 """Real parts a release needs, made here for one test: a throwaway GnuPG signing key (the
-release's Helm provenance) and a local OCI registry (Debian's docker-registry, the CNCF
-distribution registry) on a free loopback port."""
+release's Helm provenance), a local OCI registry (Debian's docker-registry, the CNCF
+distribution registry) on a free loopback port, a loopback web server for a published file,
+and scripts/release-sigstore as a module."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import http.server
+import importlib.machinery
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from testlib import free_port
+import usercache
+from testlib import ROOT, free_port
 
 SIGNER = "elastic-job release test <release-test@example.invalid>"
 SIGNER_EMAIL = "release-test@example.invalid"
@@ -102,3 +112,64 @@ def local_registry(workdir: Path) -> Iterator[Registry]:
             proc.kill()
             proc.wait(10)
         log.close()
+
+
+def manifest_digest(registry: Registry, repository: str, tag: str) -> str:
+    """The digest the registry serves for repository:tag (its Docker-Content-Digest)."""
+    request = urllib.request.Request(
+        f"http://{registry.host}/v2/{repository}/manifests/{tag}", method="HEAD",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
+                 "application/vnd.oci.image.index.v1+json, "
+                 "application/vnd.docker.distribution.manifest.v2+json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return str(resp.headers["Docker-Content-Digest"])
+
+
+@contextmanager
+def serve_directory(root: Path) -> Iterator[str]:
+    """`root` over HTTP on a free loopback port (a published key, as a web server has it):
+    its base URL until the block ends."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def release_sigstore() -> Any:
+    """scripts/release-sigstore, imported (it is a script without the .py ending)."""
+    path = ROOT / "scripts" / "release-sigstore"
+    loader = importlib.machinery.SourceFileLoader("release_sigstore", str(path))
+    spec = importlib.util.spec_from_loader("release_sigstore", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+#: What the release's jobs pip-install (syft, build, setuptools, twine, their dependencies),
+#: every file pinned by hash.
+RELEASE_TOOLS = ROOT / "requirements" / "release.txt"
+
+
+def release_wheels() -> Path:
+    """requirements/release.txt's wheels (syft's holds its binary), downloaded once per pin
+    into the user's cache (tests/usercache.py): a job's own `pip install --require-hashes`
+    takes them from there (PIP_FIND_LINKS, PIP_NO_INDEX), checking the same hashes, instead
+    of from PyPI on every run."""
+    key = "release-" + hashlib.sha256(RELEASE_TOOLS.read_bytes()).hexdigest()[:12]
+
+    def download(work: Path) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+             "--require-hashes", "--no-deps", "--only-binary=:all:", "-d", str(work),
+             "-r", str(RELEASE_TOOLS)],
+            check=True, timeout=600,
+        )  # fmt: skip
+
+    return usercache.entry("wheels", key, download)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -22,6 +23,19 @@ HELMS = {"helm3": TOOLS / "helm3" / "helm", "helm4": TOOLS / "helm4" / "helm"}
 #: The etcd releases the tests run: Debian's 3.4 (on PATH) and 3.5 from scripts/bootstrap.
 ETCD_VERSIONS = ("3.4", "3.5")
 ETCD35 = TOOLS / "etcd3.5" / "etcd"
+
+
+def runner_python(dest: Path) -> Path:
+    """A stand-in for actions/setup-python: a fresh venv of this Python with the project's
+    pinned pip (requirements/pip.txt, as scripts/bootstrap gives every venv it makes, rather
+    than the older one ensurepip bundles). Its bin directory, to put first on PATH."""
+    subprocess.run([sys.executable, "-m", "venv", str(dest)], check=True, timeout=120)
+    subprocess.run(
+        [dest / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
+         "--require-hashes", "-r", ROOT / "requirements" / "pip.txt"],
+        check=True, timeout=300,
+    )  # fmt: skip
+    return dest / "bin"
 
 
 def etcd_binary(version: str = "3.4") -> str:

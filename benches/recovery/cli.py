@@ -25,7 +25,8 @@ they used, and whether they trained on. Profiles:
   tuned-warm  tuned, each training process started from a warm server that has imported
             torch (elastic-worker's default, job.warmStart.enabled), and a node stopped by
             SIGTERM leaving the round once its torchrun has exited, as elastic-worker does
-            (elastic_worker/recovery/leave.py), and lifelines: each node's lifeline dies with it,
+            (elastic_worker/recovery/policy.py, round.py), and lifelines: each node's
+            lifeline dies with it,
             and the others take its node out of the round (elastic_worker/recovery/lifelines/;
             each agent then has an address of its own, 127.0.0.10 upwards, as a pod has)
   tuned-warm-no-lifeline  tuned-warm without the lifelines

@@ -19,7 +19,7 @@ from benches.env import ROOT, VENV_BIN
 from benches.procs import descendants, free_port, start_etcd
 from benches.recovery.agent import Agent
 from benches.recovery.profiles import PRELOAD, PROFILES, Profile
-from benches.worker import leave, warm, warm_command
+from benches.worker import rounds, warm, warm_command
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.rendezvous import RendezvousHandler
@@ -51,14 +51,14 @@ def leave_at_signal(
     lifeline_server: subprocess.Popen[bytes] | None,
 ) -> None:
     """What elastic-worker does when it passes a SIGTERM on to torchrun: take that node
-    out of the round at once (elastic_worker/recovery/leave.py; launch/supervisor.py), and once
+    out of the round at once (elastic_worker/recovery/policy.py, round.py), and once
     torchrun has exited, say goodbye on its lifelines. `timeline` gets the monotonic times
     the node was out and torchrun exited."""
 
     def handler() -> RendezvousHandler:
         return make_handler(backend, endpoint, nodes, rdzv_conf)
 
-    if leave.leave_with(handler, "bench", addr, proc.pid):
+    if rounds.take_out(handler, "bench", addr, proc.pid):
         timeline["left"] = time.monotonic()
     proc.wait()
     timeline["torchrun_exited"] = time.monotonic()

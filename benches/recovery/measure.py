@@ -14,7 +14,7 @@ from typing import cast
 from benches.procs import busy_loops
 from benches.recovery.agent import Agent, wait_training
 from benches.recovery.job import Job
-from benches.worker import leave
+from benches.worker import rounds
 
 Result = dict[str, object]
 
@@ -131,7 +131,7 @@ def run_once(
     if sigterm and job.conf.leave:
         # elastic-worker leaves at the signal through the lifelines' helper, torch imported
         # there: here, imported before anything is timed, and not during the bring-up.
-        leave.preload().join()
+        rounds.preload().join()
     try:
         job.start()
         started = time.monotonic()

@@ -51,7 +51,8 @@ PROFILES: dict[str, Profile] = {
     "tuned-warm-no-lifeline": Profile(
         RDZV_CONF_DEFAULT, MONITOR_INTERVAL, 60, NO_SHARED_STORE, warm=True, leave=True
     ),
-    # The waits before they were measured down (docs/recovery.md): for comparison.
+    # The waits before they were measured down, for comparison
+    # (docs/notes/2026-11-21-torch-rendezvous-settings.md).
     "tuned-warm-before": Profile(
         RDZV_CONF_DEFAULT.replace("last_call_timeout=1", "last_call_timeout=2"),
         MONITOR_INTERVAL,

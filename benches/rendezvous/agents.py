@@ -225,7 +225,7 @@ def _take_out_how(
 ) -> Callable[[float], None]:
     """What elastic-worker does when a lifeline to `victim` closes, for the backend:
     torch's backends take its node out of torch's round with torch's own state machine
-    (recovery/leave.py, through the worker's own handler, as its lifelines' helper
+    (recovery/round.py, through the worker's own handler, as its lifelines' helper
     does); etcd-lease revokes its lease (torch_etcd_v3.rounds.view.Rounds.take_out)."""
     if spec["backend"] == "etcd-lease":
         from torch_etcd_v3.rounds.view import Rounds  # noqa: PLC0415
@@ -237,15 +237,15 @@ def _take_out_how(
                 rounds.take_out(victim["node"])
 
         return take_out_node
-    from benches.worker import leave  # noqa: PLC0415 - the worker's own path
+    from benches.worker import rounds as worker_rounds  # noqa: PLC0415 - the worker's own path
 
     # The worker's helper reads the round when it starts (lifelines/helper.py), so its
     # handler exists and has synced before a loss.
     agent.helper = registry.get_rendezvous_handler(_params(spec))
-    leave.participants(agent.helper)
+    worker_rounds.participants(agent.helper)
 
     def take_out_torch(since: float) -> None:
-        leave.leave_with(
+        worker_rounds.take_out(
             lambda: agent.helper, spec["run_id"], victim["addr"], victim["pid"], dead_since=since
         )
 
@@ -278,14 +278,14 @@ def keep_loss_key(endpoint: str, key: bytes) -> None:
 
     host, port = endpoint.rsplit(":", 1)
     client = EtcdClient(ClientSettings(host, int(port), None, 5))
-    from benches.worker import liveness  # noqa: PLC0415
+    from benches.worker import timings  # noqa: PLC0415
 
-    lease = client.lease_grant(liveness.TTL)
+    lease = client.lease_grant(timings.ROUND_KEY_TTL)
     client.put(key, b"alive", lease)
 
     def refresh() -> None:
         while True:
-            time.sleep(liveness.REFRESH)
+            time.sleep(timings.ROUND_KEY_REFRESH)
             with contextlib.suppress(Exception):  # a missed refresh is what lapses
                 client.lease_keepalive(lease)
 

@@ -44,7 +44,7 @@ from typing import Any
 from benches.env import ROOT, VENV_PYTHON
 from benches.procs import start_etcd
 from benches.rendezvous.profiles import Profile, profile
-from benches.worker import liveness
+from benches.worker import timings
 
 #: Agents per process at most AGENT_PROCESSES processes (and a process per victim).
 AGENT_PROCESSES = 16
@@ -58,7 +58,7 @@ SETTLE_S = 2.0
 LEASE_LIFELINES = 2
 #: elastic-worker's loss detection, as the chart sets it (recovery/lossdetect.py):
 #: a key of LOSS_TTL s refreshed every second, read every LOSS_POLL s.
-LOSS_POLL = liveness.POLL
+LOSS_POLL = timings.ROUND_POLL
 POLL = 0.25  # seconds between the driver's reports
 #: Where etcd keeps its data during a run: tmpfs where there is one.
 MEMORY_DIR = "/dev/shm" if Path("/dev/shm").is_dir() else None

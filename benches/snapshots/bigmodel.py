@@ -3,6 +3,9 @@ under torchrun, with or without elastic-snapshot: rank 0 prints one JSON line, t
 seconds of a whole step (forward, backward, optimizer, step_done: a wait for the ring's
 copy or exchange shows in the step) and the library's costs (Snapshots.stats).
 
+With --updates-per-step N > 1 a step is N optimizer steps, as a script whose step is an
+epoch has it: the library then copies the state at each step_done (its cost in the stats).
+
 With --restore, then: every rank saves its snapshot to memory as a loss would make it,
 the last rank's node forgets its own (a new node), and a fresh model and optimizer are
 restored from memory (the agreement, the holder's broadcast or the shards, the load), then
@@ -10,7 +13,8 @@ from a torch.distributed.checkpoint of the same step on disk (--checkpoint-dir):
 of each, the restore a loss costs beside the checkpoint load it replaces.
 
     torchrun --nnodes=3 --nproc-per-node=1 ... -m benches.snapshots.bigmodel \\
-        --parallel fsdp2 --replicate-every 1 [--no-snapshots] --width 3584 --depth 8
+        --parallel fsdp2 --replicate-every 1 [--no-snapshots] --width 3584 --depth 8 \\
+        [--updates-per-step N]
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--updates-per-step", type=int, default=1)
     parser.add_argument("--restore", action="store_true")
     parser.add_argument("--checkpoint-dir", default=os.environ.get("CHECKPOINT_DIR", "/tmp"))
     args = parser.parse_args()
@@ -55,9 +60,10 @@ def main() -> None:
     took = []
     for step in range(1, args.steps + 1):
         began = time.perf_counter()
-        optim.zero_grad()
-        model(torch.randn(args.batch, args.width)).square().mean().backward()
-        optim.step()
+        for _ in range(args.updates_per_step):
+            optim.zero_grad()
+            model(torch.randn(args.batch, args.width)).square().mean().backward()
+            optim.step()
         if snap is not None:
             snap.step_done(step)
         took.append(time.perf_counter() - began)
@@ -71,6 +77,7 @@ def main() -> None:
             "parallel": args.parallel,
             "snapshots": args.snapshots,
             "replicate_every": args.replicate_every if args.snapshots else 0,
+            "updates_per_step": args.updates_per_step,
             "world": dist.get_world_size(),
             "step_seconds": round(statistics.median(took[WARMUP:]), 4),
             "stats": snap.stats() if snap is not None else {},

@@ -10,7 +10,8 @@
                  lost and the seconds until the survivors train again, with snapshots and
                  with the checkpoint alone (every 20 steps), in turn
   snap-overhead  seconds per step with and without: train.py, and a 100M+ parameter
-                 model (DDP; FSDP2 with the ring replica every step)
+                 model (DDP; FSDP2 with the ring replica every step; DDP with 3 optimizer
+                 steps per step_done, as an epoch: the copy each step_done makes)
   snap-goodput   the chart's pods in the local run (root), one lost every T s and back
                  R s later (T=120, R=60, 3 losses; --quick 40, 20, 2), a checkpoint every
                  100 steps: kept steps per second over the no-loss rate

@@ -9,7 +9,8 @@ machine, gloo):
   interval that loses at most one step), with the ring's own costs (the copy and the
   exchange in its thread, the main thread's waits, bytes sent); and for DDP and FSDP2 the
   seconds to save to memory, to restore from it (one node new) and to load the same state
-  from a checkpoint on disk instead."""
+  from a checkpoint on disk instead; and DDP with EPOCH_UPDATES optimizer steps per
+  step_done (a script whose step is an epoch): the copy of the state at each step_done."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from benches.snapshots.scripts import TRAIN_PY
 NODES = 3
 STEPS = 200  # train.py steps timed
 BIG_STEPS = 8
+EPOCH_UPDATES = 3  # optimizer steps per step_done in the epoch-like row
+EPOCH_STEPS = 4  # its step_done calls (each copies; the first allocates the buffer)
 _STEP = re.compile(r"^\[train\] step=(\d+) ")
 
 
@@ -99,18 +102,22 @@ def train_py_once(snapshots: bool, workdir: Path) -> dict[str, Any]:
 
 
 def big_once(
-    parallel: str, every: int | None, workdir: Path, *, restore: bool = False
+    parallel: str, every: int | None, workdir: Path, *, restore: bool = False, updates: int = 1
 ) -> dict[str, Any]:
     """`every` None: no snapshots; 0: snapshots without a ring replica; n: one every n.
-    `restore`: then the restore from memory beside the checkpoint load (bigmodel.py)."""
+    `restore`: then the restore from memory beside the checkpoint load (bigmodel.py).
+    `updates` > 1: that many optimizer steps per step_done, EPOCH_STEPS of them."""
     (workdir / "ckpt").mkdir(parents=True, exist_ok=True)
+    steps = BIG_STEPS if updates == 1 else EPOCH_STEPS
     argv = [
-        "-m", "benches.snapshots.bigmodel", "--parallel", parallel, "--steps", str(BIG_STEPS),
+        "-m", "benches.snapshots.bigmodel", "--parallel", parallel, "--steps", str(steps),
+        "--updates-per-step", str(updates),
         *(["--no-snapshots"] if every is None else ["--replicate-every", str(every)]),
         *(["--restore"] if restore else []),
     ]  # fmt: skip
     lines = torchrun_static(workdir, argv, 1800)
-    row: dict[str, Any] = {"figure": "snap-overhead", "what": f"100M+ {parallel}", "every": every}
+    what = f"100M+ {parallel}" + (f", {updates} updates per step" if updates > 1 else "")
+    row: dict[str, Any] = {"figure": "snap-overhead", "what": what, "every": every}
     found = [line for _, line in lines[0] if line.startswith("BIGMODEL ")]
     if not found:
         return {**row, "error": "no result: " + " | ".join(line for _, line in lines[0][-5:])}
@@ -130,4 +137,6 @@ def run_overhead(
                 restore = (parallel, every) in (("ddp", 0), ("fsdp2", 1))
                 rows.append(big_once(parallel, every, workdir(), restore=restore))
                 say(json.dumps(rows[-1]))
+            rows.append(big_once("ddp", 0, workdir(), updates=EPOCH_UPDATES))
+            say(json.dumps(rows[-1]))
     return {"rows": rows, "load_average_end": round(os.getloadavg()[0], 1)}

@@ -83,6 +83,16 @@ def overhead_lines(results: dict[str, Any]) -> list[str]:
                 f"{stats['ring_bytes_sent'] / n / 1e6:.0f} MB sent; main thread waited "
                 f"{stats['ring_wait_seconds'] / n * 1e3:.0f} ms"
             )
+    epochs = [r for r in rows if r["what"].endswith("updates per step")]
+    stats = epochs[0].get("stats", {}) if epochs else {}
+    if stats.get("step_copies"):
+        n, r = stats["step_copies"], epochs[0]
+        out.append(
+            f"  {r['params'] / 1e6:.0f}M params, ddp, {r['updates_per_step']} optimizer steps per "
+            f"step_done: a copy of {stats['step_copy_bytes'] / 1e9:.2f} GB in host memory, "
+            f"{stats['step_copy_seconds'] / n:.2f} s per step_done (mean of {n:g}, the first "
+            f"allocating it; load average {r['load_average']})"
+        )
     return out
 
 

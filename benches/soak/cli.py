@@ -33,7 +33,7 @@ from pathlib import Path
 from benches.procs import busy_loops, start_etcd
 from benches.soak.watch import Events
 from benches.stats import percentile
-from benches.worker import ATTEMPT_PREFIX, liveness
+from benches.worker import ATTEMPT_PREFIX, timings
 
 JOB = "soak"
 MASTER = ("10.0.0.1", "29400")
@@ -58,11 +58,11 @@ def attempt_line(pod: int, pods: int, pid: int) -> str:
 def report(gaps: list[float], lapses: int, stopped: int) -> tuple[list[str], bool]:
     """The soak's last lines, and whether a healthy member was evicted (a key lapsed or a
     training process was stopped)."""
-    ranked = sorted(gaps)
+    ranked, ttl = sorted(gaps), timings.ROUND_KEY_TTL
     lines = [
         f"soak: refresh gaps over {len(ranked)} refreshes: median "
         f"{statistics.median(ranked):.2f} s, p99 {percentile(ranked, 0.99):.2f} s, max "
-        f"{ranked[-1]:.2f} s (TTL {liveness.TTL} s: margin {liveness.TTL - ranked[-1]:.2f} s)"
+        f"{ranked[-1]:.2f} s (TTL {ttl} s: margin {ttl - ranked[-1]:.2f} s)"
     ]
     evicted = lapses + stopped > 0
     lines.append(
@@ -118,7 +118,8 @@ def soak(opts: Options) -> int:
         start_members(endpoint, pods, tmp, procs, programs)
         procs += busy_loops(busy)
         print(
-            f"soak: {pods} members (TTL {liveness.TTL} s, refresh every {liveness.REFRESH:g} s), "
+            f"soak: {pods} members (TTL {timings.ROUND_KEY_TTL} s, refresh every "
+            f"{timings.ROUND_KEY_REFRESH:g} s), "
             f"{busy} busy loops on {os.cpu_count()} cores, {minutes:g} min; logs in {tmp}",
             flush=True,
         )

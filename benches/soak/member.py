@@ -1,5 +1,6 @@
-"""One member of the soak's round: the worker's own liveness (its Watch on the attempt log
-given), configured from the environment as elastic-worker is, until SIGTERM.
+"""One member of the soak's round: the worker's own silent-loss detection (on the attempt
+log given, telling the node-loss policy), configured from the environment as
+elastic-worker is, until SIGTERM.
 
     python -m benches.soak.member ATTEMPT_LOG
 """
@@ -11,18 +12,18 @@ import sys
 import threading
 from pathlib import Path
 
-from benches.worker import config, etcdv2, liveness, setup_logging
+from benches.worker import Completion, config, etcdv2, policy, setup_logging
 
 
 def main(log: Path) -> int:
     setup_logging()
     cfg = config.load(["train.py"])
-    watch = liveness.LossDetector(etcdv2.connect(cfg), cfg, log)
+    client = etcdv2.connect(cfg)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    watch.start()
-    stop.wait()
-    watch.stop()
+    with policy.NodeLoss(cfg, Completion(client, cfg), torchrun_pid=lambda: None) as loss:
+        loss.detect(log, stop_grace=30)
+        stop.wait()
     return 0
 
 

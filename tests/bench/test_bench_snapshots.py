@@ -39,6 +39,17 @@ def test_the_table_sets_each_loss_beside_todays_path() -> None:
             "rows": [
                 {"what": "train.py", "snapshots": False, "step_seconds": 0.010},
                 {"what": "train.py", "snapshots": True, "step_seconds": 0.0101},
+                {
+                    "what": "100M+ ddp, 3 updates per step",
+                    "params": 102_789_120,
+                    "updates_per_step": 3,
+                    "load_average": 1.5,
+                    "stats": {
+                        "step_copies": 4.0,
+                        "step_copy_seconds": 2.0,
+                        "step_copy_bytes": 1.24e9,
+                    },
+                },
             ]
         },
     }
@@ -46,3 +57,7 @@ def test_the_table_sets_each_loss_beside_todays_path() -> None:
     assert "SIGKILL, ddp" in text
     assert "lost 13 (13-13), 4.2 s, n=2" in text and "lost 0 (0-0), 4.0 s, n=2" in text
     assert "train.py (DDP): 10.00 ms -> 10.10 ms a step (+1.0 %)" in text
+    assert (
+        "103M params, ddp, 3 optimizer steps per step_done: a copy of 1.24 GB in host memory, "
+        "0.50 s per step_done (mean of 4, the first allocating it; load average 1.5)"
+    ) in text

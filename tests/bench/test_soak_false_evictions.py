@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from elastic_worker import timings
 from testlib import ROOT
 
 from benches.soak.cli import attempt_line, report
@@ -44,7 +45,7 @@ def test_the_verdict_is_a_false_eviction_for_a_lapse_or_a_stopped_training_proce
     lines, evicted = report(gaps, lapses=0, stopped=0)
     assert lines[0] == (
         f"soak: refresh gaps over 100 refreshes: median 1.00 s, p99 2.50 s, max 2.50 s "
-        f"(TTL {liveness.TTL} s: margin {liveness.TTL - 2.5:.2f} s)"
+        f"(TTL {timings.ROUND_KEY_TTL} s: margin {timings.ROUND_KEY_TTL - 2.5:.2f} s)"
     )
     assert lines[1].endswith(": no false eviction") and not evicted
     assert report(gaps, lapses=1, stopped=0)[1]

@@ -18,7 +18,7 @@ import yaml
 from chart_render import CHARTS, KUBERNETES_VERSIONS, Case, kubernetes_errors, objects
 from ci_inputs import CI, WORKFLOW, crd_files
 from kubernetes_validate.utils import SchemaNotFoundError
-from testlib import HELMS, ROOT, SHARED_CACHE
+from testlib import HELMS, ROOT, SHARED_CACHE, runner_python
 from workflow_runner import Skip, clean_copy, load, run_job
 
 DOWNLOAD = Skip(
@@ -47,9 +47,7 @@ def tool_dir(tmp: Path, helm: Path) -> Path:
 @pytest.fixture(scope="module")
 def setup_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """actions/setup-python's part: a clean Python 3.11 first on PATH (a fresh venv)."""
-    venv = tmp_path_factory.mktemp("setup-python") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    return venv / "bin"
+    return runner_python(tmp_path_factory.mktemp("setup-python") / "venv")
 
 
 def test_the_lint_job_runs_helm_lint_on_every_chart_and_values_file(tmp_path: Path) -> None:

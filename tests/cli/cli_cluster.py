@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from elastic_job_cli import cli
-from elastic_worker.launch.attempt_line import AttemptLine as Attempt
+from elastic_worker.attempt_line import AttemptLine as Attempt
 from elastic_worker.observe.metrics import Identity, JobMetrics, Tracker, serve
 
 from localrun.cluster.apiserver import FakeApiServer

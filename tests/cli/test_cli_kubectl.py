@@ -1,6 +1,7 @@
 """elastic-job behaves as kubectl does where a user expects it to: it ends within
 --request-timeout on an API server that accepts and never answers (a real socket, and the
-fake API server's hang), a quiet watch is not a timeout, a kubeconfig that cannot be read
+fake API server's hang), says "connection refused" (not a timeout) where nothing listens, a
+quiet watch is not a timeout, a kubeconfig that cannot be read
 is one line and exit 2, KUBECONFIG's files are merged as kubectl merges them, `-o yaml`
 wherever `-o json` is, and `--version`."""
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
 from cli_cluster import NS, add_release, pod, run, write_kubeconfig
 from elastic_job_cli import cli, kube, options
@@ -131,6 +133,86 @@ def test_a_server_that_never_answers_ends_the_command_within_the_request_timeout
     assert timeout * 0.9 <= waited <= timeout + 1.0, waited
     assert len(asked) == 1  # not asked again
     assert ended - lines[0][0] < 5  # and the process ends with it (the interpreter's exit)
+
+
+def _closed_port() -> int:
+    """A loopback port where nothing listens (bound, then closed: the kernel refuses it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize("via", ["--kubeconfig", "KUBECONFIG"])
+def test_a_refused_connection_is_said_to_be_refused_not_a_timeout(
+    via: str, api: FakeApiServer, tmp_path: Path
+) -> None:
+    """A server where nothing listens: one line that says the connection was refused and
+    where the address came from (file, context), at once. Before: "did not answer within
+    30s (--request-timeout)" after 1.7 s (urllib3's NewConnectionError, which a refusal
+    raises, is a subclass of its ConnectTimeoutError)."""
+    cfg = api.kubeconfig(NS)
+    server = f"https://127.0.0.1:{_closed_port()}"
+    cfg["clusters"][0]["cluster"]["server"] = server
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(cfg))
+    args = ["--kubeconfig", str(path)] if via == "--kubeconfig" else []
+    env = {**os.environ, "KUBECONFIG": str(path)}
+    started = time.monotonic()
+    code, out, err = _run_cli(*args, "status", "run42", env=env)
+    assert (code, out) == (EXIT_UNREACHABLE, "")
+    source = f"--kubeconfig {path}" if via == "--kubeconfig" else f"KUBECONFIG={path}"
+    assert err.splitlines() == [
+        f"elastic-job: connection refused: is the API server at {server} up? (kubeconfig "
+        f"{source}, context {cfg['current-context']}): check --context and --kubeconfig "
+        "(kubectl cluster-info)"
+    ]
+    assert time.monotonic() - started < 20  # no wait for the 30 s default timeout
+
+
+def test_a_listening_server_that_never_answers_is_a_timeout_not_a_refusal(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The other side of the line above: a socket that accepts and stays silent (the
+    default 30 s shortened to 1 s) is a timeout, never "refused"."""
+    cfg = api.kubeconfig(NS)
+    mute = Mute()
+    cfg["clusters"][0]["cluster"]["server"] = server = mute.url
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(cfg))
+    try:
+        code, _, err = _run_cli("--kubeconfig", str(path), "--request-timeout", "1s", "list")
+    finally:
+        mute.close()
+    assert code == EXIT_UNREACHABLE
+    assert err.startswith(f"elastic-job: the API server at {server} did not answer within 1s")
+    assert "refused" not in err
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (ConnectionRefusedError(111, "Connection refused"), kube.REFUSED),
+        (socket.gaierror(-2, "Name or service not known"), kube.NO_HOST),
+        (OSError(113, "No route to host"), kube.OTHER),
+    ],
+)
+def test_a_connection_that_could_not_be_made_is_told_from_a_timeout(
+    error: OSError, kind: str
+) -> None:
+    """What urllib3 raises when the socket fails (its NewConnectionError, and the
+    NameResolutionError it derives from it, raised from the socket's error), through the
+    retry's MaxRetryError: the socket's error decides, not urllib3's class (a timeout)."""
+    conn = urllib3.connection.HTTPSConnection("api.example", 6443)
+    if isinstance(error, socket.gaierror):
+        new: Exception = urllib3.exceptions.NameResolutionError("api.example", conn, error)
+    else:
+        new = urllib3.exceptions.NewConnectionError(conn, f"Failed to connect: {error}")
+    new.__cause__ = error
+    wrapped = urllib3.exceptions.MaxRetryError(None, "/api/v1/pods", new)  # type: ignore[arg-type]
+    assert kube.failure(wrapped) == kind
+    timed_out = urllib3.exceptions.ConnectTimeoutError(conn, "timed out")
+    assert kube.failure(urllib3.exceptions.MaxRetryError(None, "/", timed_out)) == kube.TIMEOUT  # type: ignore[arg-type]
 
 
 def test_a_quiet_watch_is_not_a_timeout(

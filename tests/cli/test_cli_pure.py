@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from elastic_job_cli import jobstate, pricing, promtext, timeline
 from elastic_job_cli.responses import object_list, watch_event
-from elastic_worker.launch.attempt_line import AttemptLine as Attempt
+from elastic_worker.attempt_line import AttemptLine as Attempt
 from elastic_worker.observe.metrics import Identity, JobMetrics, Tracker
 from prometheus_client import generate_latest
 

@@ -48,8 +48,8 @@ def _verbs(roles: list[dict[str, Any]]) -> set[str]:
 
 def test_the_rbac_readme_gives_a_release_is_what_the_charts_grant() -> None:
     """A release is namespaced-only; `get` on nodes is the cluster chart's ClusterRole."""
-    sentence = re.search(r"namespaced\s+RBAC only \((.*?)\), and", README, re.DOTALL)
-    assert sentence, "README's sentence on a release's RBAC is gone: find it again"
+    sentence = re.search(r"^- namespaced\s+RBAC only: (.*?);\n- ", README, re.DOTALL | re.M)
+    assert sentence, "README's line on a release's RBAC is gone: find it again"
     text = " ".join(sentence[1].split())
     per_job = objects(ELASTIC_JOB, sets=("events.enabled=true",))
     cluster_scoped = [o["kind"] for o in per_job if o["kind"].startswith("Cluster")]

@@ -40,6 +40,15 @@ START = re.compile(
 )
 
 
+def epochs_command(epochs: int, every: int) -> list[str]:
+    """user_script/epoch_snapshots.py: DDP whose step is an epoch (6-8 optimizer steps of
+    0.3 s), its own checkpoint every `every` epochs."""
+    return [
+        "python", "/opt/user-script/epoch_snapshots.py", str(epochs), str(every),
+        "--checkpoint-path", "/checkpoints/epochs.pt", "--batch-seconds", "0.3",
+    ]  # fmt: skip
+
+
 def snap_command(steps: int, every: int) -> list[str]:
     return [
         "python", "/opt/user-script/snap_train.py", "--fsdp", "--steps", str(steps),
@@ -124,6 +133,72 @@ def test_each_loss_resumes_at_the_step_before_it_from_a_peers_memory(tmp_path: P
         ), (cause, step)
     said = run.timeline("state restored at step")
     assert "from peer-memory" in said, said
+    assert_cleaned_up(run)
+
+
+EPOCH = re.compile(r"^\[train\] step=(\d+) world_size=(\d+) digest=(\S+)$")
+RESUMED = re.compile(r"^\[train\] resumed step=(\d+) source=(\S+) digest=(\S+)$")
+
+
+@dataclass(frozen=True)
+class Resumed:
+    epoch: int
+    digest: str
+    last: tuple[int, int, str] | None  # the epoch, world size and digest printed before it
+
+
+def epoch_resumes(run: LocalRun, n: int) -> list[Resumed]:
+    """pod n's resumed lines, each with the last epoch line its pod printed before it."""
+    out = []
+    last: tuple[int, int, str] | None = None
+    for line in run.log(pod(n)).splitlines():
+        if m := EPOCH.match(line):
+            last = (int(m[1]), int(m[2]), m[3])
+        elif m := RESUMED.match(line):
+            out.append(Resumed(int(m[1]), m[3], last))
+    return out
+
+
+def assert_resumed_at_the_newest_epoch(survivors: list[Resumed], world: int, said: str) -> None:
+    """The survivors of a round of `world` resumed together, straight after it (no epoch
+    line of another round in between: not from scratch), at the newest epoch any of them
+    completed, with exactly its state."""
+    lasts = [r.last for r in survivors]
+    assert all(last is not None and last[1] == world for last in lasts), (survivors, said)
+    newest = max(last[0] for last in lasts if last is not None)
+    assert {r.epoch for r in survivors} == {newest}, (survivors, said)
+    digests = {last[2] for last in lasts if last is not None and last[0] == newest}
+    assert {r.digest for r in survivors} == digests, (survivors, said)
+
+
+def test_a_script_whose_step_is_an_epoch_loses_only_the_epoch_in_progress(tmp_path: Path) -> None:
+    """user_script/epoch_snapshots.py, pytorch/examples' DDP tutorial adopting the library in
+    the README's lines with `step_done` once per epoch (6 optimizer steps at three pods),
+    its own checkpoint every 20 epochs: pod 1 SIGKILLed during epoch 5, back 10 s later.
+    The survivors resume from memory at the last epoch completed, with exactly its state
+    (only the epoch in progress is redone; the checkpoint holds nothing before epoch 20);
+    when pod 1 rejoins, torchrun stops the two mid-epoch and they save at once: that round
+    resumes from memory too. The script was told at its first epoch's end."""
+    run = run_user_script(
+        tmp_path, f"--kill={pod(1)}@step=4:10", command=epochs_command(26, 20), timeout=240
+    )
+    s = run.summary
+    assert run.rc == 0, run.describe()
+    assert s["completed"] is True, run.describe()
+    assert in_order(s["world_sizes"], [3, 2, 3]), run.describe()
+    said = run.timeline("[train] resumed", "restored", "came after", "not saving")
+    resumes = {n: epoch_resumes(run, n) for n in range(3)}
+    assert len(resumes[0]) == len(resumes[2]) == 2 and len(resumes[1]) == 1, (resumes, said)
+    assert_resumed_at_the_newest_epoch([resumes[0][0], resumes[2][0]], 3, said)
+    assert_resumed_at_the_newest_epoch([resumes[0][1], resumes[2][1]], 2, said)
+    assert resumes[1][0].epoch == resumes[0][1].epoch, (resumes, said)
+    for cause in (f"kill {pod(1)}", "world size 2 -> 3"):
+        r = reform(run, cause)
+        assert r["state_from"] in ("local-memory", "peer-memory"), (r, said)
+        assert r["steps_lost"] == 0, (r, said)
+    assert s["checkpoint_steps"] == [20], run.describe()
+    assert "not saving the live state" not in said, said
+    assert re.search(r"step 1 came after 6 optimizer steps: from now on", run.log(pod(0))), said
     assert_cleaned_up(run)
 
 

@@ -1,5 +1,5 @@
 """An etcd away for longer than a key's TTL, back with its data: what it does to a v2 TTL
-key and to a v3 key on a lease (docs/recovery.md, "A silent loss: round liveness").
+key and to a v3 key on a lease (docs/notes/2026-11-23-silent-loss.md).
 
 v2 keeps an absolute expiry time per key, so the key is gone as soon as etcd is back. v3
 keeps leases, and a newly elected leader (a restarted single member is one) gives every

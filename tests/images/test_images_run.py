@@ -81,6 +81,15 @@ def labels(image: str) -> dict[str, str]:
     return dict(json.loads(out)[0]["Labels"] or {})
 
 
+def test_init_topology_ships_no_pip(init_image: str) -> None:
+    """Nothing installs at run time: the base's pip (and setuptools) leave the image after
+    the build, so a scanner finds no pip to flag (requirements/advisories.toml)."""
+    done = run(init_image, "-c", "import importlib.util as u; print(u.find_spec('pip'), "
+               "u.find_spec('setuptools'))", env={}, mounts=[], entrypoint="python")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "None"]
+
+
 def test_init_topology_writes_the_nodes_topology_from_the_api(
     init_image: str, tmp_path: Path
 ) -> None:

@@ -2,23 +2,23 @@
 `docker` (no docker engine here): the users' chart workflow builds both images with their
 real contexts (the worker's is the repository root: `docker build images/worker` failed on
 its first COPY); the release workflow builds them FROM bases pulled by digest from a local
-registry, pushes them there and writes an SPDX SBOM of each with syft. Needs podman and the
+registry, pushes them there, reads their digests back with skopeo, writes an SPDX SBOM of each
+digest with syft and its SLSA provenance; cosign's keyless steps are named as not run (GitHub's
+OIDC token, Sigstore's Fulcio and Rekor; tests/release/test_sigstore.py). Needs podman and the
 stand-in bases: scripts/test-images makes them; skipped otherwise, as tests/images is."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
-import usercache
-from release_helpers import local_registry
-from testlib import ROOT
+from release_helpers import local_registry, manifest_digest, release_sigstore
+from release_helpers import release_wheels as release_wheels_dir
+from testlib import ROOT, runner_python
 from workflow_runner import Skip, clean_copy, run_job
 
 INIT_BASE = os.environ.get("ELASTIC_INIT_BASE", "")
@@ -27,14 +27,27 @@ PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager=cgroupfs"]
 VERSION = (ROOT / "VERSION").read_text().strip()
 CHARTS_WORKFLOW = ROOT / "ci" / "workflows" / "charts.yaml"
 RELEASE_WORKFLOW = ROOT / ".github" / "workflows" / "release.yaml"
-#: What the release's SBOM step pip-installs (syft), pinned by hash.
-RELEASE_TOOLS = ROOT / "requirements" / "release.txt"
 NOT_HERE = {
     "kind": Skip("no kind cluster can run here (no kube-apiserver binary installs)"),
     "ct": Skip("ct (chart-testing) is a Go binary with no package here"),
     "download": Skip("downloads from get.helm.sh, unreachable here"),
     "disk": Skip("frees the GitHub runner's preinstalled SDKs; there are none here"),
     "login": Skip("the local registry takes no login (GITHUB_TOKEN is GitHub's)"),
+    "cosign": Skip("cosign is a Go binary with no package here (Debian bookworm, PyPI, npm)"),
+    "keyless": Skip(
+        "keyless signing, attestations and their verification need GitHub's OIDC token and "
+        "Sigstore's Fulcio and Rekor: the digests, SBOMs and provenance they take are checked"
+    ),
+}
+
+#: What GitHub sets in a release run, as the provenance step reads it.
+PROVENANCE_ENV = {
+    "GITHUB_REPOSITORY": "elastic-job/elastic-job",
+    "GITHUB_REF": f"refs/tags/v{VERSION}",
+    "GITHUB_SHA": "0" * 40,
+    "GITHUB_WORKFLOW_REF": "elastic-job/elastic-job/.github/workflows/release.yaml"
+    f"@refs/tags/v{VERSION}",
+    "GITHUB_RUN_ID": "1",
 }
 
 pytestmark = pytest.mark.skipif(
@@ -100,27 +113,12 @@ def test_the_charts_workflow_builds_both_images_with_their_contexts(tmp_path: Pa
 @pytest.fixture(scope="module")
 def setup_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """actions/setup-python's part: a clean Python first on PATH (a fresh venv)."""
-    venv = tmp_path_factory.mktemp("setup-python") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    return venv / "bin"
+    return runner_python(tmp_path_factory.mktemp("setup-python") / "venv")
 
 
 @pytest.fixture(scope="session")
 def release_wheels() -> Path:
-    """requirements/release.txt's wheels (syft's holds its binary), downloaded once per pin
-    into the user's cache (tests/usercache.py): the job's own `pip install --require-hashes`
-    takes them from there, checking the same hashes, instead of from PyPI on every run."""
-    key = "release-" + hashlib.sha256(RELEASE_TOOLS.read_bytes()).hexdigest()[:12]
-
-    def download(work: Path) -> None:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-             "--require-hashes", "--no-deps", "--only-binary=:all:", "-d", str(work),
-             "-r", str(RELEASE_TOOLS)],
-            check=True, timeout=600,
-        )  # fmt: skip
-
-    return usercache.entry("wheels", key, download)
+    return release_wheels_dir()
 
 
 def test_the_release_builds_from_digests_pushes_and_writes_sboms(
@@ -145,12 +143,16 @@ def test_the_release_builds_from_digests_pushes_and_writes_sboms(
                 skip={
                     "Free disk space (the worker image's PyTorch base is large)": NOT_HERE["disk"],
                     "Log in to the registry": NOT_HERE["login"],
-                    "actions/upload-artifact": Skip("GitHub's artifact store: sbom/ is checked"),
+                    "sigstore/cosign-installer": NOT_HERE["cosign"],
+                    "Sign the images and attest their SBOM and provenance (keyless, by digest)":
+                        NOT_HERE["keyless"],
+                    "Verify the images as users do": NOT_HERE["keyless"],
                 },
                 path=[runner_tools(tmp_path, setup_python), setup_python],
                 inputs={**bases, "registry": f"{registry.host}/elastic-job", "plain-http": "true"},
                 github={"ref_type": "tag", "ref_name": f"v{VERSION}"},
                 env={
+                    **PROVENANCE_ENV,
                     "CONTAINERS_REGISTRIES_CONF": str(conf),
                     # The SBOM step's pip: the cached wheels, offline (release_wheels).
                     "PIP_FIND_LINKS": str(release_wheels),
@@ -163,15 +165,29 @@ def test_the_release_builds_from_digests_pushes_and_writes_sboms(
         assert not run.failed, run.failed[0].name + "\n" + run.failed[0].output[-6000:]
         build = run.step("Build both images FROM the bases by digest")
         assert bases["worker-base"] in build.output and bases["init-base"] in build.output
-        for image in ("init-topology", "worker"):
-            url = f"http://{registry.host}/v2/elastic-job/{image}/manifests/{VERSION}"
-            request = urllib.request.Request(url, method="HEAD", headers={
-                "Accept": "application/vnd.oci.image.manifest.v1+json, "
-                          "application/vnd.docker.distribution.manifest.v2+json"})  # fmt: skip
-            with urllib.request.urlopen(request, timeout=10) as resp:
-                assert resp.status == 200
-            sbom = json.loads((checkout / "sbom" / f"{image}-{VERSION}.spdx.json").read_text())
+        assert [s.name for s in run.steps if s.ran] == [
+            "Build both images FROM the bases by digest",
+            "Push both images",
+            "Digests of the pushed images",
+            "SBOM of each pushed image (SPDX, syft)",
+            "Build provenance of each image (SLSA v1)",
+        ]
+        refs = dict(release_sigstore().read_refs(checkout / "sigstore" / "images.refs"))
+        assert sorted(refs) == ["init-topology", "worker"]
+        for image, ref in refs.items():
+            # What cosign signs and attests: the digest the registry serves for the tag.
+            digest = manifest_digest(registry, f"elastic-job/{image}", VERSION)
+            assert ref == f"{registry.host}/elastic-job/{image}@{digest}"
+            sbom = json.loads((checkout / "sigstore" / f"{image}.spdx.json").read_text())
             assert sbom["spdxVersion"].startswith("SPDX-")
             names = {(p["name"], p.get("versionInfo")) for p in sbom["packages"]}
             want = ("init-topology", VERSION) if image == "init-topology" else ("urllib3", "2.8.0")
             assert want in names, sorted(names)[:50]
+            provenance = json.loads(
+                (checkout / "sigstore" / f"{image}.provenance.json").read_text()
+            )
+            base = bases["init-base" if image == "init-topology" else "worker-base"]
+            assert provenance["buildDefinition"]["resolvedDependencies"][1] == {
+                "uri": "docker://" + base.split("@")[0],
+                "digest": {"sha256": base.split("@sha256:")[1]},
+            }

@@ -6,11 +6,20 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
 from elastic_worker.warm import server as warm
 
 from localrun.lines import TrainEvent
 from localrun.state import RunState
 from localrun.view import Progress, summary_text
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The view cuts its rows to the terminal's width: these tests read whole rows, on any
+    terminal (an xdist worker's is 80 columns)."""
+    monkeypatch.setenv("COLUMNS", "200")
+
 
 ATTEMPT = "[elastic-worker] attempt run_id=j restart={r} group_rank={g} nodes={n} world_size={n}"
 

@@ -1,8 +1,9 @@
 """No pinned dependency is below its known safe version: every pin the project makes (the
 requirements files, the pyprojects' exact pins and build requirements' floors, the
-Dockerfiles' ARG *_VERSION, scripts/bootstrap's tools, the workflows' tool versions, the
-charts' image tags) is checked against requirements/advisories.toml, where the advisories
-are kept by hand (pip-audit cannot reach its services from here), with their sources."""
+Dockerfiles' ARG *_VERSION and base images, scripts/bootstrap's tools, the workflows' tool
+versions, the charts' image tags) is checked against requirements/advisories.toml, where the
+advisories are kept by hand (pip-audit cannot reach its services from here), with their
+sources."""
 
 from __future__ import annotations
 
@@ -88,6 +89,20 @@ def _dockerfiles() -> list[Pin]:
     return pins
 
 
+def _base_images() -> list[Pin]:
+    """Each Dockerfile's default base (ARG BASE_IMAGE=NAME:TAG), as the image's name and the
+    version its tag starts with: python:3.11.16-slim-bookworm is python 3.11.16."""
+    pins = []
+    for path in sorted(ROOT.glob("images/*/Dockerfile")):
+        for image in re.findall(r"^ARG BASE_IMAGE=(\S+)$", path.read_text(), re.M):
+            name, _, tag = image.split("@")[0].rpartition(":")
+            version = re.match(r"v?(\d+(?:\.\d+)*)", tag)
+            if version:
+                where = f"{path.relative_to(ROOT)} ARG BASE_IMAGE"
+                pins.append(Pin(name.rsplit("/", 1)[-1], version[1], where))
+    return pins
+
+
 def _bootstrap() -> list[Pin]:
     text = (ROOT / "scripts" / "bootstrap").read_text()
     pins = []
@@ -163,6 +178,7 @@ def all_pins() -> list[Pin]:
         *_requirements_files(),
         *_pyprojects(),
         *_dockerfiles(),
+        *_base_images(),
         *_bootstrap(),
         *_workflows(),
         *_charts(),
@@ -232,6 +248,8 @@ def test_the_pins_are_found_where_they_are_made() -> None:
         ("etcd", "charts/etcd-rendezvous/ci/etcd-v3-values.yaml"),
         ("etcd", "charts/elastic-job/Chart.yaml"),
         ("pyyaml", "ci/requirements.txt"),
+        ("python", "images/init-topology/Dockerfile"),
+        ("pip", "requirements/pip.txt"),
     ]:
         assert expected in found, expected
 

@@ -162,7 +162,8 @@ def test_an_unknown_option_is_one_usage_error(helm3: Path, tmp_path: Path) -> No
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         "package: unknown option '--sgin'",
-        "usage: scripts/package [--sign KEY --keyring SECRING [--passphrase-file FILE]] [OUTDIR]",
+        "usage: scripts/package [--sign KEY --keyring SECRING [--passphrase-file FILE] "
+        "[--sign-key-url URL]] [OUTDIR]",
     ]
     assert not (tmp_path / "dist").exists()
 

@@ -1,21 +1,35 @@
 """The release workflow (.github/workflows/release.yaml) run here, act-style: the check job
-refuses a branch or a base without a digest; the charts job packages and signs every chart
-with a throwaway GnuPG key given as its secret, and pushes them with their provenance to a
-local OCI registry (Debian's docker-registry, plain HTTP), from which `helm pull --verify`
-takes them back. The images job runs in tests/images (podman as docker)."""
+refuses a branch or a base without a digest; the charts job checks the published public key
+(served on loopback) is the signing key, packages and signs every chart with a throwaway
+GnuPG key given as its secret, with artifacthub.io/signKey, and pushes them with their
+provenance to a local OCI registry (Debian's docker-registry, plain HTTP), from which
+`helm pull --verify` takes them back; the digests it records for cosign are the registry's.
+cosign's keyless steps need GitHub's OIDC token and Sigstore's Fulcio and Rekor: they are
+named as not run, and the commands they would run are checked (tests/release/test_sigstore.py).
+The images job runs in tests/images (podman as docker), the packages job in
+tests/release/test_python_packages.py."""
 
 from __future__ import annotations
 
 import re
 import subprocess
+import tarfile
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from release_helpers import SigningKey, local_registry, make_signing_key
+from release_helpers import (
+    SigningKey,
+    local_registry,
+    make_signing_key,
+    manifest_digest,
+    release_sigstore,
+    serve_directory,
+)
 from testlib import HELMS, ROOT
 from workflow_runner import Skip, clean_copy, run_job
 
@@ -25,9 +39,19 @@ CHARTS = sorted(p.parent.name for p in ROOT.glob("charts/*/Chart.yaml"))
 DIGEST = "@sha256:" + "0123456789abcdef" * 4
 TAG = {"ref_type": "tag", "ref_name": f"v{VERSION}"}
 BASES = {"worker-base": f"nvcr.io/nvidia/pytorch:25.10-py3{DIGEST}",
-         "init-base": f"python:3.11.14-slim-bookworm{DIGEST}"}  # fmt: skip
+         "init-base": f"python:3.11.16-slim-bookworm{DIGEST}"}  # fmt: skip
 DOWNLOAD = Skip("downloads helm from get.helm.sh, unreachable here: .tools/helm3 is `helm`")
 NO_LOGIN = Skip("the local registry takes no login (GITHUB_TOKEN is GitHub's)")
+NO_COSIGN = Skip("cosign is a Go binary with no package here (Debian bookworm, PyPI, npm)")
+KEYLESS = Skip(
+    "keyless signing and its verification need GitHub's OIDC token and Sigstore's Fulcio and "
+    "Rekor, which this machine cannot reach: the refs it reads are checked against the registry"
+)
+CHART_SIGSTORE = {
+    "sigstore/cosign-installer": NO_COSIGN,
+    "Sign the charts (keyless, by digest)": KEYLESS,
+    "Verify the charts as users do": KEYLESS,
+}
 
 
 def helm_on_path(tmp: Path) -> Path:
@@ -118,32 +142,58 @@ def signing_key(tmp_path_factory: pytest.TempPathFactory) -> SigningKey:
     return make_signing_key(tmp_path_factory.mktemp("gpg"))
 
 
+def _charts_job(
+    tmp_path: Path, signing_key: SigningKey, registry_host: str, key_url: str, runner: Path
+) -> tuple[Path, Any]:
+    checkout = clean_copy(ROOT, tmp_path / "checkout")
+    run = run_job(
+        WORKFLOW, "charts", checkout,
+        skip={"Install helm (sha256-verified)": DOWNLOAD, "Log in to the registry": NO_LOGIN,
+              **CHART_SIGSTORE},
+        path=[helm_on_path(tmp_path)],
+        inputs={**BASES, "registry": f"{registry_host}/elastic-job", "plain-http": "true"},
+        secrets={"HELM_SIGNING_KEY": signing_key.armored,
+                 "HELM_SIGNING_PASSPHRASE": signing_key.passphrase_file.read_text().strip()},
+        vars_={"HELM_SIGNING_KEY_URL": key_url},
+        github=TAG, runner_dir=runner,
+    )  # fmt: skip
+    return checkout, run
+
+
 def test_the_charts_job_signs_and_pushes_every_chart_with_its_provenance(
     signing_key: SigningKey, tmp_path: Path
 ) -> None:
-    checkout = clean_copy(ROOT, tmp_path / "checkout")
+    published = tmp_path / "web"
+    published.mkdir()
+    (published / "signing-key.gpg").write_bytes(signing_key.pubring.read_bytes())
     # gpg-agent's socket must fit a Unix socket path: RUNNER_TEMP is short, as on GitHub.
-    with local_registry(tmp_path / "registry") as registry, short_runner_dir() as runner:
-        run = run_job(
-            WORKFLOW, "charts", checkout,
-            skip={"Install helm (sha256-verified)": DOWNLOAD, "Log in to the registry": NO_LOGIN},
-            path=[helm_on_path(tmp_path)],
-            inputs={**BASES, "registry": f"{registry.host}/elastic-job", "plain-http": "true"},
-            secrets={"HELM_SIGNING_KEY": signing_key.armored,
-                     "HELM_SIGNING_PASSPHRASE": signing_key.passphrase_file.read_text().strip()},
-            github=TAG, runner_dir=runner,
-        )  # fmt: skip
+    with (
+        local_registry(tmp_path / "registry") as registry,
+        serve_directory(published) as web,
+        short_runner_dir() as runner,
+    ):
+        key_url = f"{web}/signing-key.gpg"
+        checkout, run = _charts_job(tmp_path, signing_key, registry.host, key_url, runner)
         assert not run.failed, run.failed[0].name + "\n" + run.failed[0].output[-4000:]
         ran = [s.name for s in run.steps if s.ran]
         assert ran == [
             "Import the signing key",
+            "The published public key is the signing key",
             "Package and sign every chart",
             "Push the charts with their provenance",
         ]
         assert run.step("Package and sign every chart").output.count(
             signing_key.fingerprint
         ) >= len(CHARTS)
-        assert not (checkout.parent / ".runner-charts" / "temp" / "secring.gpg").exists()
+        assert not (runner / "temp" / "secring.gpg").exists()
+        # What cosign signs: each chart by the digest the registry serves for its version.
+        refs = release_sigstore().read_refs(checkout / "sigstore" / "charts.refs")
+        assert [name for name, _ in refs] == CHARTS
+        for name, ref in refs:
+            repository = f"elastic-job/charts/{name}"
+            assert ref == f"{registry.host}/{repository}@" + manifest_digest(
+                registry, repository, VERSION
+            )
         for chart in CHARTS:
             dest = tmp_path / "pulled" / chart
             dest.mkdir(parents=True)
@@ -157,3 +207,39 @@ def test_the_charts_job_signs_and_pushes_every_chart_with_its_provenance(
             assert pulled.returncode == 0, pulled.stderr
             assert signing_key.fingerprint in pulled.stdout + pulled.stderr
             assert (dest / f"{chart}-{VERSION}.tgz.prov").is_file()
+            # Artifact Hub's signKey: the key that signed, and where its public part is.
+            with tarfile.open(dest / f"{chart}-{VERSION}.tgz") as tgz:
+                member = tgz.extractfile(f"{chart}/Chart.yaml")
+                assert member is not None
+                annotations = yaml.safe_load(member.read())["annotations"]
+            assert yaml.safe_load(annotations["artifacthub.io/signKey"]) == {
+                "fingerprint": signing_key.fingerprint,
+                "url": key_url,
+            }
+        # The checkout's Chart.yaml files are left as they are.
+        for chart in CHARTS:
+            kept = yaml.safe_load((checkout / "charts" / chart / "Chart.yaml").read_text())
+            assert "artifacthub.io/signKey" not in kept["annotations"]
+
+
+def test_the_charts_job_refuses_a_published_key_that_is_not_the_signing_key(
+    signing_key: SigningKey, tmp_path: Path
+) -> None:
+    """Artifact Hub would send helm verify users to a key that did not sign: stop first."""
+    other = make_signing_key(tmp_path / "other")
+    published = tmp_path / "web"
+    published.mkdir()
+    (published / "signing-key.gpg").write_bytes(other.pubring.read_bytes())
+    with (
+        local_registry(tmp_path / "registry") as registry,
+        serve_directory(published) as web,
+        short_runner_dir() as runner,
+    ):
+        key_url = f"{web}/signing-key.gpg"
+        _, run = _charts_job(tmp_path, signing_key, registry.host, key_url, runner)
+    (failed,) = run.failed
+    assert failed.name == "The published public key is the signing key"
+    assert failed.output.strip() == (
+        f"release: {key_url} holds key {other.fingerprint}, not the signing key "
+        f"{signing_key.fingerprint}: publish the signing key's public key there"
+    )

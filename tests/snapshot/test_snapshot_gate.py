@@ -59,6 +59,24 @@ def test_a_state_stepped_but_not_marked_done_is_not_read() -> None:
         assert ok and gate.step == 2
 
 
+def test_done_says_the_most_steps_one_optimizer_took_since_the_last_done() -> None:
+    """What tells a script whose step is an epoch from one that marks every optimizer
+    step: two optimizers stepping once each are one step; a loader's steps are none."""
+    gate = StepGate()
+    for optimizer in (1, 2):  # a GAN's step: each of two optimizers once
+        gate.before_update()
+        gate.after_update(optimizer)
+    assert gate.done(1, None) == 1
+    with gate.ignoring():
+        gate.before_update()
+        gate.after_update(1)
+    assert gate.done(1, None) == 0
+    for _ in range(3):  # an epoch of three optimizer steps
+        gate.before_update()
+        gate.after_update(1)
+    assert gate.done(2, None) == 3
+
+
 def test_the_signal_thread_runs_while_the_main_thread_is_blocked_in_native_code() -> None:
     """The main thread waits in a c10d store (C++, as in a collective); a Python signal
     handler cannot run before it returns, the watch's thread runs at once. The handler

@@ -85,6 +85,8 @@ print(json.dumps({
     "torch_etcd_v3": importlib.util.find_spec("torch_etcd_v3") is not None,
     "handlers": sorted(e.name for e in metadata.entry_points(group="torchrun.handlers")),
     "bundle_on_path": [p for p in sys.path if "opt-elastic-worker" in p],
+    "elastic_worker": [sorted(m for m in sys.modules if m.split(".")[0] == "elastic_worker"),
+                       importlib.util.find_spec("elastic_worker") is not None],
     "PYTHONPATH": os.environ.get("PYTHONPATH"),
 }))
 """
@@ -164,7 +166,7 @@ def test_the_workers_own_processes_see_the_bundles_libraries_ahead_of_the_images
     manifest = json.loads((pod / "bundle.json").read_text())
     assert seen["urllib3"] == manifest["deps"]["urllib3"] != USER_URLLIB3
     assert seen["etcd"] is True and seen["torch_etcd_v3"] is True
-    assert seen["handlers"] == ["etcd-v3"]
+    assert seen["handlers"] == ["etcd-lease", "etcd-v3"]
 
 
 def test_the_warm_server_sees_none_of_the_bundles_libraries(
@@ -218,7 +220,8 @@ def test_the_users_script_sees_the_images_libraries_only(
 ) -> None:
     """The training process as torchrun starts it through the attempt shim: forked from the
     warm server, or cold (no server: the client execs the image's python), it imports the
-    image's urllib3 and finds nothing of the worker's, nor PYTHONPATH set."""
+    image's urllib3 and finds nothing of the worker's (not even the warm server's own
+    elastic_worker, loaded in the process it was forked from), nor PYTHONPATH set."""
     script = tmp_path / "train.py"
     script.write_text(PROBE)
     socket_path = warm_server if start == "warm" else str(tmp_path / "no-server")
@@ -242,6 +245,7 @@ def test_the_users_script_sees_the_images_libraries_only(
         "torch_etcd_v3": False,
         "handlers": [],
         "bundle_on_path": [],
+        "elastic_worker": [[], False],
         "PYTHONPATH": None,
     }
 

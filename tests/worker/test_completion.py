@@ -7,7 +7,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,6 @@ from elastic_worker.completion import Completion
 from elastic_worker.keystore import etcdv2
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.launch.supervisor import Supervisor
-from elastic_worker.recovery import leave
-from elastic_worker.recovery.lifelines.messages import HelperError
 from elastic_worker.settings import config
 from testlib import EtcdServer, free_port
 
@@ -235,34 +232,6 @@ def test_success_after_another_pod_scaled_etcd_away_exits_0_at_once(tmp_path: Pa
         assert time.monotonic() - start < 10
 
 
-def test_no_leave_at_the_signal_when_etcd_is_gone_because_the_job_is_done(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The end of a job: the first pod to finish scales etcd to 0 and the workers to 0, so
-    the others get SIGTERM while their etcd goes away. Their leave at the signal must not
-    try (it printed 'could not leave rendezvous' and python-etcd's name-resolution retries
-    at the end of every successful run): etcd's silence, with the rendezvous at 0 replicas,
-    is the job's end. With the rendezvous still up, etcd's silence is no end: it leaves."""
-    left: list[int] = []
-    monkeypatch.setattr(leave, "leave", lambda _cfg, _id, _addr, pid: left.append(pid))
-    with FakeApiServer(workdir=tmp_path / "api") as api:
-        env = rendezvous_env(api, 0, f"127.0.0.1:{free_port()}")  # etcd already gone
-        cfg = config.load(["train.py"], env)
-        done = Completion(kvstore.connect(cfg), cfg)
-        leaving = leave.Leaving(cfg, "run42", "127.0.0.1", done)
-        leaving.at_signal(4242)
-        assert leaving._thread is not None
-        leaving._thread.join(10)
-        assert left == []
-        assert done.known()
-        api.add_statefulset("default", "run42-etcd", replicas=1)
-        mid_job = leave.Leaving(cfg, "run42", "127.0.0.1", Completion(kvstore.connect(cfg), cfg))
-        mid_job.at_signal(4243)
-        assert mid_job._thread is not None
-        mid_job._thread.join(10)
-        assert left == [4243]
-
-
 @pytest.mark.parametrize("complete", [True, False], ids=["complete", "not-complete"])
 def test_a_pod_stopped_in_the_gate_exits_0_only_when_the_job_is_complete(
     etcd: EtcdServer, tmp_path: Path, complete: bool
@@ -285,44 +254,3 @@ def test_a_pod_stopped_in_the_gate_exits_0_only_when_the_job_is_complete(
         assert f"job {job} is complete, so exit 0 (not 143)" in agent.text()
     else:
         assert code == 143, agent.text()
-
-
-def test_a_sigterm_takes_the_node_out_at_once_through_the_helper_else_here(
-    etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """At the signal (before torchrun has exited) the node leaves through `leave_via` (the
-    lifelines' helper, torch imported there); when that fails, with leave.leave here. Not
-    at all when the job is complete: every pod is told to stop then, nobody re-forms."""
-    cfg = make_config(etcd, "leave-at-signal")
-    client = etcdv2.Client(etcd.url)
-    here: list[int] = []
-    monkeypatch.setattr(leave, "leave", lambda _cfg, _id, _addr, pid: here.append(pid))
-
-    def run(via: Callable[[int], bool]) -> tuple[Supervisor, float]:
-        done = Completion(client, cfg)
-        leaving = leave.Leaving(cfg, "leave-at-signal", "127.0.0.1", done)
-        sup = Supervisor(sleeper(3), {}, cfg, done, leaving=leaving)
-        leaving.via = via
-        threading.Timer(0.5, sup.forward, (signal.SIGTERM,)).start()
-        start = time.monotonic()
-        sup.run()
-        return sup, start
-
-    asked: list[tuple[int, float]] = []
-    sup, start = run(lambda pid: asked.append((pid, time.monotonic())) or True)
-    assert sup.proc is not None
-    # at the signal, well before the sleeper's end (3 s); once more after torchrun's exit
-    assert [pid for pid, _ in asked] == [sup.proc.pid] * 2
-    assert asked[0][1] - start < 1.5
-    assert here == []
-
-    def broken(pid: int) -> bool:
-        raise HelperError("the lifelines' helper did not answer")
-
-    sup, _ = run(broken)
-    assert sup.proc is not None and here == [sup.proc.pid] * 2
-
-    completion.mark_complete(client, cfg)
-    asked.clear()
-    sup, _ = run(lambda pid: asked.append((pid, time.monotonic())) or True)
-    assert asked == []  # complete: no leave at the signal, nor after (exit 0)

@@ -200,7 +200,7 @@ def test_sigterm_to_one_agent_checkpoints_and_the_others_resume_without_it(
 
 
 #: CI budget: these pod-level scenarios on etcd-v3 are extended; tests/worker/recovery's
-#: test_leave.py takes nodes out (leave and lifelines) on both backends.
+#: recovery/test_round.py takes nodes out (leave and lifelines) on both backends.
 BACKENDS_V3_EXTENDED = [
     BACKENDS[0],
     pytest.param(BACKENDS[1], marks=pytest.mark.extended, id=BACKENDS[1]),
@@ -212,8 +212,8 @@ def test_a_node_stopped_by_sigterm_leaves_the_round_so_the_others_need_not_wait_
     start_agent: Start, backend: str
 ) -> None:
     """A spot reclaim: elastic-worker takes its node out of torch's round when it passes
-    the SIGTERM on (leave.py). With a 60 s keep-alive window the others could otherwise re-form
-    only after about a minute; here they train at two well before."""
+    the SIGTERM on (recovery/policy.py, round.py). With a 60 s keep-alive window the others
+    could otherwise re-form only after about a minute; here they train at two well before."""
     args = ["--steps", "60", "--checkpoint-every", "5", "--step-seconds", "0.25"]
     slow_expiry = {
         "ELASTIC_RDZV_CONF": (
@@ -234,7 +234,7 @@ def test_a_node_stopped_by_sigterm_leaves_the_round_so_the_others_need_not_wait_
     for agent in survivors:
         assert agent.wait(180) == 0, agent.text()[-3000:]
         assert agent.train_lines()[-1] == "[train] done step=60"
-    assert rounds(agents) == [3, 2]
+    assert rounds(agents)[-2:] == [3, 2]  # one re-form (a late node may add a round before)
 
 
 # A user's script whose stop takes its time (a long checkpoint on SIGTERM).
@@ -334,7 +334,7 @@ def test_a_killed_node_is_taken_out_through_its_lifeline_before_its_keep_alive_l
     for agent in survivors:
         assert agent.wait(180) == 0, agent.text()[-3000:]
         assert agent.train_lines()[-1] == "[train] done step=60"
-    assert rounds(agents) == [3, 2]
+    assert rounds(agents)[-2:] == [3, 2]  # one re-form (a late node may add a round before)
 
 
 @pytest.mark.parametrize(
@@ -379,8 +379,10 @@ def test_a_killed_node_costs_one_restart_and_seconds(
         assert max(restart for _, _, restart in after) == 1
         assert any(line.startswith("[train] resumed step=") for line in agent.train_lines(killed))
         assert agent.train_lines()[-1] == "[train] done step=50"
-    assert rounds(agents) == [3, 2]  # what the local run's summary counts
-    assert took < 60  # measured ~9-10 s here (docs/recovery.md); generous for loaded CI
+    # What the local run's summary counts: the kill cost one round of two after the round
+    # of three (a node late to the bring-up on a loaded machine may add a round before).
+    assert rounds(agents)[-2:] == [3, 2]
+    assert took < 60  # a few seconds (docs/benchmarks.md); generous for loaded CI
 
 
 def test_a_spare_takes_the_place_of_a_killed_node(start_agent: Start) -> None:

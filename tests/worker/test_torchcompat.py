@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 from elastic_worker import torchcompat
-from elastic_worker.recovery import leave
+from elastic_worker.recovery import round as rounds
 from torch.distributed import HashStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
@@ -274,8 +274,8 @@ def test_a_release_without_an_internal_costs_only_the_speed_up(
 
     monkeypatch.setattr(torchcompat, "dynamic_rendezvous", lambda: Older)
     with caplog.at_level(logging.INFO, logger="elastic_worker"):
-        assert leave.leave_with(lambda: _handler(dr, backend), "fence", "10.0.0.1", 11) is False
-    assert "cannot leave rendezvous fence at once with this torch" in caplog.text
+        assert rounds.take_out(lambda: _handler(dr, backend), "fence", "10.0.0.1", 11) is False
+    assert "cannot take a node out of rendezvous fence with this torch" in caplog.text
     assert a in _read(dr, backend).participants
 
 

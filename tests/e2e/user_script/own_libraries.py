@@ -16,8 +16,9 @@ import multinode
 import torch
 import urllib3
 
-#: The worker's own libraries (its bundle's deps/ and lib/): none may be importable here.
-WORKERS = ("etcd", "dns", "prometheus_client", "torch_etcd_v3")
+#: The worker's own libraries (its bundle's deps/ and lib/, the warm server's elastic_worker):
+#: none may be importable here.
+WORKERS = ("etcd", "dns", "prometheus_client", "torch_etcd_v3", "elastic_worker")
 
 
 def seen() -> dict[str, object]:

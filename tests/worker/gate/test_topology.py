@@ -7,7 +7,8 @@ lapses and another kind may be the job's."""
 from __future__ import annotations
 
 import pytest
-from elastic_worker.gate.members import MEMBER_TTL, Registration
+from elastic_worker import timings
+from elastic_worker.gate.members import Registration
 from elastic_worker.gate.topology import Gate, Kind
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.settings import config
@@ -46,7 +47,7 @@ def pod(
     cfg = config.load(["train.py"], env)
     reg = Registration(client, cfg, f"10.0.0.{len(name)}")
     reg.register()
-    return reg, Gate(client, cfg, reg.kinds, MEMBER_TTL)
+    return reg, Gate(client, cfg, reg.kinds, timings.MEMBER_TTL)
 
 
 def test_the_first_min_nodes_of_one_kind_make_it_the_jobs_and_another_is_refused(

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from elastic_worker.gate import members
+from elastic_worker import timings
 from elastic_worker.gate import wait as gate
 from testlib import EtcdServer, free_port
 
@@ -204,7 +204,7 @@ def test_the_peer_gate_registers_with_a_ttl_and_waits_for_min_nodes(etcd: EtcdSe
     url = f"{etcd.url}/v2/keys/elastic-job/peers/members/peers-worker-0"
     with urllib.request.urlopen(url, timeout=5) as resp:
         node = json.loads(resp.read())["node"]
-    assert 0 < node["ttl"] <= members.MEMBER_TTL
+    assert 0 < node["ttl"] <= timings.MEMBER_TTL
     member = json.loads(node["value"])  # docs/contracts.md: the member value
     assert (member["ip"], member["addr"]) == ("198.18.0.9", "127.0.0.1")
 

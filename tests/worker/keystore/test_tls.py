@@ -25,7 +25,7 @@ from charts.chart_render import worker_statefulsets as rendered_worker_statefuls
 from elastic_worker import completion
 from elastic_worker.gate import members, probes
 from elastic_worker.keystore import etcdv2
-from elastic_worker.recovery import epochs as epoch
+from elastic_worker.recovery import generations
 from elastic_worker.settings import config
 from testlib import ETCD_VERSIONS, EtcdServer
 
@@ -135,15 +135,15 @@ def test_the_workers_keys_work_over_tls_with_the_charts_settings(
     assert not completion.is_complete(client, cfg)
     completion.mark_complete(client, cfg)
     assert completion.is_complete(client, cfg)
-    assert epoch.current(client, cfg) == 0
-    assert epoch.advance(client, cfg, 0) == 1
-    assert epoch.current(client, cfg) == 1
+    assert generations.current(client, cfg) == 0
+    assert generations.advance(client, cfg, 0) == 1
+    assert generations.current(client, cfg) == 1
     registration = members.Registration(client, cfg, "127.0.0.1")
     assert registration.probe() == (True, "")
     registration.stop()
     assert client.list_dir(f"{cfg.key_prefix}/members") == []
     # torch's handler, built from the same Config, reaches the same etcd (one source).
-    assert epoch.rendezvous_closed(cfg, epoch.run_id(cfg, 1)) is False
+    assert generations.rendezvous_closed(cfg, generations.run_id(cfg, 1)) is False
 
 
 def run_worker(conf: str, endpoint: str, job: str, **extra: str) -> tuple[int, list[str], float]:

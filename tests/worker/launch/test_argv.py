@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from elastic_worker import exits
+from elastic_worker.attempt_line import attempt_script
+from elastic_worker.gate import netif
 from elastic_worker.gate.netif import Choice
 from elastic_worker.launch import argv as launch
-from elastic_worker.launch.attempt_line import attempt_script
 from elastic_worker.settings import config
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 from torch.distributed.launcher.api import LaunchConfig
@@ -49,7 +50,7 @@ def test_build_argv_is_the_full_torchrun_command() -> None:
         "--monitor-interval=0.5",
         f"--rdzv-conf={conf}",
         "--local-addr=198.18.0.7",
-        # The attempt shim (tests/worker/launch/test_attempt_line.py runs it), then the program
+        # The attempt shim (tests/worker/test_attempt_line.py runs it), then the program
         # as torchrun itself would start it.
         "--no-python",
         "sh",
@@ -113,13 +114,11 @@ def test_build_env_adds_interfaces_and_timeouts_but_keeps_what_the_user_set() ->
 def test_local_address_precedence() -> None:
     mesh = Choice("wg0", "198.19.1.1", "mesh")
     eth = Choice("eth0", "198.18.0.9", "route")
-    assert (
-        launch.local_address(cfg(["t.py"], ELASTIC_LOCAL_ADDR="1.2.3.4"), mesh, True) == "1.2.3.4"
-    )
-    assert launch.local_address(cfg(["t.py"]), mesh, True) == "198.19.1.1"
-    assert launch.local_address(cfg(["t.py"]), eth, False) == "198.18.0.7"  # POD_IP
-    assert launch.local_address(cfg(["t.py"], POD_IP=""), eth, False) == "198.18.0.9"
-    assert launch.local_address(cfg(["t.py"], POD_IP=""), None, False) is None
+    assert netif.local_address(cfg(["t.py"], ELASTIC_LOCAL_ADDR="1.2.3.4"), mesh, True) == "1.2.3.4"
+    assert netif.local_address(cfg(["t.py"]), mesh, True) == "198.19.1.1"
+    assert netif.local_address(cfg(["t.py"]), eth, False) == "198.18.0.7"  # POD_IP
+    assert netif.local_address(cfg(["t.py"], POD_IP=""), eth, False) == "198.18.0.9"
+    assert netif.local_address(cfg(["t.py"], POD_IP=""), None, False) is None
 
 
 def test_exit_code_maps_signals_like_a_shell() -> None:
@@ -128,7 +127,8 @@ def test_exit_code_maps_signals_like_a_shell() -> None:
 
 
 def test_torch_reads_the_variables_build_env_sets(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pins the torch 2.13 behaviour docs/recovery.md relies on; fails loudly if it moves."""
+    """Pins the torch 2.13 behaviour the worker relies on
+    (docs/notes/2026-11-21-torch-rendezvous-settings.md); fails loudly if it moves."""
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     handler = object.__new__(DynamicRendezvousHandler)
     assert handler.use_agent_store is False

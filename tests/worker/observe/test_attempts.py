@@ -48,9 +48,9 @@ def test_a_scripts_snapshot_lines_are_counted_logged_and_recorded(
     """packages/elastic-snapshot's `restored=` line: where the state came from and the steps
     lost, as metrics, a log line and an Event; a first start (`none`) counts nothing; a
     `saved=` line is logged and kept for the loss detection."""
-    heard: list[tuple[str, str, str]] = []
+    heard: list[tuple[str, str]] = []
     tracker, metrics, _ = tracked()
-    tracker.notify = lambda *event: heard.append(event)
+    tracker.notify = lambda reason, message: heard.append((reason.name, message))
     follower = follow.AttemptFollower(tracker)
     progress = Path(follower.env()["ELASTIC_PROGRESS_FILE"])
     try:

@@ -5,12 +5,13 @@ the state machine (metrics.Tracker) reports to it."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from elastic_worker.launch.attempt_line import AttemptLine as Attempt
+from elastic_worker.attempt_line import AttemptLine as Attempt
 from elastic_worker.observe import events
 from elastic_worker.observe.metrics import Identity, JobMetrics, Tracker
 from elastic_worker.settings import config
@@ -50,8 +51,8 @@ def test_events_on_the_pod_and_the_statefulset(tmp_path: Path) -> None:
     with FakeApiServer({}, workdir=tmp_path, namespace="ml") as api:
         rec = events.recorder(load(api))
         assert rec.enabled
-        rec.record("Reformed", "re-formed at world size 2 after 5.6 s")
-        rec.record("JobCompleted", "training complete", job=True)
+        rec.record(events.REFORMED, "re-formed at world size 2 after 5.6 s")
+        rec.record(events.JOB_COMPLETED, "training complete", job=True)
         rec.close()
         pod_event, job_event = posted(api)
     assert pod_event["involvedObject"] == {
@@ -71,7 +72,7 @@ def test_events_on_the_pod_and_the_statefulset(tmp_path: Path) -> None:
 def test_off_or_without_api_access_nothing_is_recorded(tmp_path: Path) -> None:
     with FakeApiServer({}, workdir=tmp_path, namespace="ml") as api:
         rec = events.recorder(load(api, ELASTIC_EVENTS="false"))
-        rec.record("Reformed", "x")
+        rec.record(events.REFORMED, "x")
         rec.close()
         assert not rec.enabled and api.requests == []
     assert not events.recorder(load(None)).enabled
@@ -84,8 +85,8 @@ def test_a_403_is_said_once_with_the_missing_grant_then_no_more_tries(
         api.set_fault(r"/events$", 403)
         rec = events.recorder(load(api))
         with caplog.at_level(logging.INFO, logger="elastic_worker.observe.events"):
-            rec.record("Reformed", "a")
-            rec.record("Reformed", "b")
+            rec.record(events.REFORMED, "a")
+            rec.record(events.REFORMED, "b")
             rec.close()
         assert len(api.requests) == 1
     # The recorder's own warnings: a lease thread left by an earlier test of this process
@@ -105,15 +106,20 @@ def test_a_hanging_api_server_never_blocks_the_worker(tmp_path: Path) -> None:
         rec = events.recorder(load(api))
         started = time.monotonic()
         for i in range(5):
-            rec.record("Reformed", str(i))
+            rec.record(events.REFORMED, str(i))
         assert time.monotonic() - started < 0.5  # record() only queues
         rec.close(wait=1.0)
         assert time.monotonic() - started < 2.0  # close() waits a bounded time
 
 
 def tracker(notes: list[tuple[str, str, str]], now: list[float]) -> Tracker:
+    """A tracker whose Events land in `notes` as (reason, message, type)."""
     metrics = JobMetrics(Identity("run42", "default"))
-    return Tracker(metrics, 2, 3, 5, clock=lambda: now[0], notify=lambda *a: notes.append(a))
+
+    def notify(reason: events.Reason, message: str) -> None:
+        notes.append((reason.name, message, reason.type))
+
+    return Tracker(metrics, 2, 3, 5, clock=lambda: now[0], notify=notify)
 
 
 def attempt(nodes: int, pid: int, rank: int = 0) -> Attempt:
@@ -176,3 +182,25 @@ def test_the_worker_records_its_gate_timeout_on_its_pod(tmp_path: Path) -> None:
     assert (event["reason"], event["type"]) == ("GateTimeout", "Warning")
     assert event["message"].startswith("readiness gate timed out after 2 s waiting for: ")
     assert event["involvedObject"]["uid"] == "uid-0"
+
+
+def test_every_reason_is_in_the_contracts_events_table_and_only_those() -> None:
+    """docs/contracts.md's Events table and events.REASONS: the same names, types and
+    objects (the table says more of when)."""
+    from testlib import ROOT  # noqa: PLC0415
+
+    text = (ROOT / "docs" / "contracts.md").read_text()
+    section = text[text.index("## Events") : text.index("## Reference training script")]
+    rows = re.findall(r"^\| `(\w+)` \| (Normal|Warning) \| ([\w; ]+) \|", section, re.M)
+    table = {name: (kind, tuple(o.strip() for o in on.split(";"))) for name, kind, on in rows}
+    assert table == {r.name: (r.type, r.on) for r in events.REASONS}
+
+
+def test_every_reason_the_worker_records_is_named_in_the_table() -> None:
+    """No Event reason is written as a string anywhere in the worker: each is a Reason."""
+    src = Path(events.__file__).parents[1]
+    names = {r.name for r in events.REASONS}
+    for path in src.rglob("*.py"):
+        for name in re.findall(r'record\(\s*"(\w+)"', path.read_text()):
+            raise AssertionError(f"{path}: record({name!r}) is not a Reason")
+    assert len(names) == len(events.REASONS)

@@ -1,6 +1,6 @@
 """The pod's metrics (docs/contracts.md, "Metrics"): what each series says after what the
 worker saw, the HTTP endpoint, and three real agents (etcd, torchrun, train.py) of which
-one is killed. The attempt shim's log line is in launch/test_attempt_line.py, the
+one is killed. The attempt shim's log line is in tests/worker/test_attempt_line.py, the
 follower in observe/test_attempts.py."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from elastic_worker.launch.attempt_line import AttemptLine as Attempt
-from elastic_worker.launch.attempt_line import parse_attempt
+from elastic_worker.attempt_line import AttemptLine as Attempt
+from elastic_worker.attempt_line import parse_attempt
 from elastic_worker.observe.metrics import (
     STATES,
     Identity,
@@ -367,7 +367,7 @@ def test_a_killed_node_shows_as_one_reform_to_two_nodes_with_its_cost(agents: St
         assert v["elastic_job_reforms_total"] == 1
         assert v["elastic_job_rendezvous_round"] == 2
         assert v["elastic_job_reform_rendezvous_seconds_count"] == 1
-        # measured ~5 s here (keep-alive expiry and last call, docs/recovery.md)
+        # seconds (keep-alive expiry and last call: docs/recovery.md)
         assert 0 < v["elastic_job_reform_rendezvous_seconds_sum"] < 60
         assert (
             v["elastic_job_reform_rendezvous_seconds_sum"]

@@ -170,15 +170,18 @@ def test_the_member_keys_word_fences_at_once(
     assert torchrun.wait(5) == -signal.SIGKILL
 
 
-class Recorder:
-    """A fence that records what loss detection asks it."""
+class Listener:
+    """The node-loss policy as loss detection tells it, answering `own_key_stale` as a
+    fence that cannot tell yet whether this pod was replaced would."""
 
     def __init__(self, answer: bool) -> None:
         self.answer = answer
         self.asked: list[str] = []
-        self.holding = False
 
-    def suspect(self, why: str) -> bool:
+    def held(self) -> bool:
+        return False
+
+    def own_key_stale(self, why: str) -> bool:
         self.asked.append(why)
         return self.answer
 
@@ -188,12 +191,12 @@ def test_loss_detection_asks_before_any_request_when_its_key_went_stale(
 ) -> None:
     # The process was frozen for longer than the TTL: it must not write to etcd (or let
     # torchrun act) before it knows it is still the pod.
-    fence = Recorder(answer=False)
+    fence = Listener(answer=False)
     detector = lossdetect.LossDetector(
         client,
         cfg(etcd),
         tmp_path / "attempts",
-        fence=fence,  # type: ignore[arg-type]
+        listener=fence,  # type: ignore[arg-type]
     )
     detector._written = "round-1"
     detector._last_ok = time.monotonic() - 60

@@ -1,7 +1,7 @@
-"""Round liveness (liveness.py) against a real etcd, on both backends' APIs (v2 TTLs, v3
-leases): a member that stops renewing its key (frozen with SIGSTOP, as a cut link or a
-frozen VM would) makes the others stop their training process at once; healthy members, a
-clean leave and a completed job stop none.
+"""Silent-loss detection (lossdetect.py, telling the node-loss policy) against a real etcd,
+on both backends' APIs (v2 TTLs, v3 leases): a member that stops renewing its key
+(frozen with SIGSTOP, as a cut link or a frozen VM would) makes the others stop their
+training process at once; healthy members, a clean leave and a completed job stop none.
 
 Each pod's liveness runs in its own process (tests/worker/recovery/lossdetect_pod.py); each pod's
 "training process" is a real process with torch's MASTER_ADDR/MASTER_PORT in its
@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from elastic_worker import completion
+from elastic_worker import completion, timings
+from elastic_worker.attempt_line import ATTEMPT_PREFIX
+from elastic_worker.completion import Completion
 from elastic_worker.keystore import interface as kvstore
-from elastic_worker.launch.attempt_line import ATTEMPT_PREFIX
 from elastic_worker.recovery import lossdetect as liveness
+from elastic_worker.recovery.policy import NodeLoss
 from elastic_worker.settings import config
 from testlib import EtcdServer
 
@@ -118,12 +120,12 @@ def test_a_frozen_member_stops_the_others_training_within_the_ttl_and_itself_on_
     wait_until(
         "the survivors' training processes to be SIGKILLed",
         lambda: all(p.stopped_by_liveness() for p in survivors),
-        liveness.TTL + 4,
+        timings.ROUND_KEY_TTL + 4,
         every=0.05,
     )
     seen = time.monotonic() - frozen
     # Not before the key could lapse: it is the lapse, not something else, that acted.
-    assert seen >= liveness.TTL - liveness.REFRESH - 0.5, seen
+    assert seen >= timings.ROUND_KEY_TTL - timings.ROUND_KEY_REFRESH - 0.5, seen
     assert pods["pod-b"].program.poll() is None  # frozen: nothing on pod-b acts
     os.kill(pods["pod-b"].watch.pid, signal.SIGCONT)
     # Back, pod-b finds its own key lapsed and leaves its dead collective too.
@@ -133,7 +135,7 @@ def test_a_frozen_member_stops_the_others_training_within_the_ttl_and_itself_on_
 def test_healthy_members_and_a_clean_leave_stop_nothing(
     pods: dict[str, Pod], client: kvstore.KeyStore
 ) -> None:
-    time.sleep(liveness.TTL * 2)
+    time.sleep(timings.ROUND_KEY_TTL * 2)
     assert all(p.program.poll() is None for p in pods.values())
     # pod-b's attempt ends by itself, then its worker exits: both are clean leaves.
     pods["pod-b"].program.terminate()
@@ -147,7 +149,7 @@ def test_healthy_members_and_a_clean_leave_stop_nothing(
         lambda: client.get_value(key.replace("pod-b", "pod-c")) == liveness.LEFT,
         5,
     )
-    time.sleep(liveness.TTL + 2)
+    time.sleep(timings.ROUND_KEY_TTL + 2)
     assert pods["pod-a"].program.poll() is None
     assert pods["pod-c"].program.poll() is None
 
@@ -158,7 +160,7 @@ def test_a_lapse_after_the_job_completed_stops_nothing(
     cfg = config.load(["train.py"], pod_env(etcd, "pod-a"))
     completion.mark_complete(client, cfg)
     os.kill(pods["pod-b"].watch.pid, signal.SIGSTOP)
-    time.sleep(liveness.TTL + 3)
+    time.sleep(timings.ROUND_KEY_TTL + 3)
     assert pods["pod-a"].program.poll() is None
     assert pods["pod-c"].program.poll() is None
 
@@ -170,7 +172,8 @@ def test_unfinished_is_the_members_of_the_last_round_whose_attempt_still_runs(
     ExitBarrier): the other members of its round whose key still says alive; still known
     once its own attempt has ended (that is when it is asked)."""
     cfg = config.load(["train.py"], pod_env(etcd, "pod-a"))
-    detector = liveness.LossDetector(client, cfg, tmp_path / "pod-a.attempts")
+    loss = NodeLoss(cfg, Completion(client, cfg), torchrun_pid=lambda: None)
+    detector = liveness.LossDetector(client, cfg, tmp_path / "pod-a.attempts", listener=loss)
     assert detector.unfinished() is None  # in no round yet
     detector.refresh_once()
     assert detector.unfinished() == ["pod-b", "pod-c"]
@@ -204,7 +207,7 @@ def test_etcd_losing_its_data_stops_nothing_and_the_keys_come_back(
     # key of the round gone at once (no member is the one cut off).
     _wipe(etcd, f"/elastic-job/{JOB}/")
     wait_until("the three keys again", lambda: members(client) == [liveness.ALIVE] * 3, 5)
-    time.sleep(liveness.TTL + 2)
+    time.sleep(timings.ROUND_KEY_TTL + 2)
     assert all(p.program.poll() is None for p in pods.values())
 
 
@@ -287,7 +290,7 @@ def test_a_script_that_keeps_snapshots_is_stopped_with_sigterm_and_killed_once_s
         wait_until(
             "pod-a's and pod-c's programs to end",
             lambda: programs["pod-a"].poll() is not None and programs["pod-c"].poll() is not None,
-            liveness.TTL + 8,
+            timings.ROUND_KEY_TTL + 8,
             every=0.05,
         )
         assert programs["pod-a"].returncode == -signal.SIGKILL  # saved, then killed

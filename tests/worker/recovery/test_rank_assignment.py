@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from elastic_worker.recovery import leave, rendezvous
+from elastic_worker.recovery import rendezvous
+from elastic_worker.recovery import round as rounds
 from elastic_worker.settings import config
 from elastic_worker.torchcompat import RoundView
 from testlib import EtcdServer
@@ -83,7 +84,7 @@ def test_a_node_killed_while_ranks_are_assigned_costs_the_survivors_seconds(
 
     def read() -> RoundView:
         # A handler of its own each time: torch's state holder caches its reads for 1 s.
-        return leave.read_round(rendezvous.handler(cfg, job))
+        return rounds.read_round(rendezvous.handler(cfg, job))
 
     try:
         a, b = start(0), start(1)

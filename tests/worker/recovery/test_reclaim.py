@@ -209,10 +209,11 @@ def test_a_peer_back_in_a_round_is_no_longer_watched(api: FakeApiServer) -> None
     assert r.watching == {}  # given up after WATCH_FOR
 
 
-def test_a_fenced_pod_deletes_nothing(api: FakeApiServer) -> None:
+def test_a_pod_the_policy_holds_back_deletes_nothing(api: FakeApiServer) -> None:
+    """may_act() False (recovery/policy.py: this pod held by its fence, or the job done)."""
     clock = Clock()
     r = reclaimer(api, clock, after=1)
-    r.holding = lambda: True
+    r.may_act = lambda: False
     r.lost("w-1", None)
     api.publish_pods(NS, [pod("w-1", "uid-1", ready=False)])
     api.set_node(node("Unknown"))
@@ -244,7 +245,7 @@ def test_reclaim_starts_only_when_on_and_this_pod_can_ask_the_api_server(
         "POD_NAMESPACE": NS,
     }
     off = config.load(["t"], base)
-    assert reclaim.start(off, lambda: False, lambda: False, Recorder.disabled()) is None
+    assert reclaim.start(off, lambda: True, Recorder.disabled()) is None
     no_token = config.load(["t"], {**base, "ELASTIC_RECLAIM": "true"})
-    assert reclaim.start(no_token, lambda: False, lambda: False, Recorder.disabled()) is None
+    assert reclaim.start(no_token, lambda: True, Recorder.disabled()) is None
     assert "ELASTIC_RECLAIM is true but this pod has no API access" in caplog.text

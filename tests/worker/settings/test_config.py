@@ -62,8 +62,8 @@ def test_defaults_fill_everything_the_chart_may_leave_out() -> None:
 )
 def test_keep_alive_interval_scales_with_max_nodes(max_nodes: str, interval: str) -> None:
     """Up to 32 nodes heartbeat every second; a larger job every ELASTIC_MAX_NODES / 32 s,
-    so the one rendezvous key takes ~32 heartbeat writes a second (docs/recovery.md,
-    "Rendezvous at scale"): 256 agents never joined at 4 s."""
+    so the one rendezvous key takes ~32 heartbeat writes a second
+    (docs/notes/2026-11-25-rendezvous-at-scale.md)."""
     assert dict(load(ELASTIC_MAX_NODES=max_nodes).rdzv_conf)["keep_alive_interval"] == interval
 
 

@@ -17,7 +17,7 @@ from elastic_worker.warm import server as warm
 from elastic_worker.warm.protocol import warm_command
 from testlib import EtcdServer, start_etcd
 
-from worker.launch.test_attempt_line import attempt_lines, cfg, records, torchrun
+from worker.test_attempt_line import attempt_lines, cfg, records, torchrun
 from worker.warm.warmlib import client, run
 from worker.worker_helpers import PYTHON, descendants, wait_until
 
@@ -55,6 +55,49 @@ def test_the_program_gets_its_argv_cwd_env_and_stdio_and_its_exit_code_is_the_cl
     )
     assert orig == [str(PYTHON), "-u", script, "a", "b c"]  # what `python -u` shows
     assert result.stderr == "to stderr\n"
+
+
+#: What a program sees of the interpreter it runs in: the server's own modules and logging
+#: must not be there, so that it sees what `python -u` shows.
+SEES = """\
+import importlib.util, json, logging, sys
+ours = sorted(m for m in sys.modules if m.split(".")[0] == "elastic_worker")
+spec = importlib.util.find_spec("elastic_worker")
+import elastic_worker
+root = logging.getLogger()
+print(json.dumps({
+    "modules": ours,
+    "found": spec.origin if spec else None,
+    "imported": elastic_worker.__file__,
+    "root": [logging.getLevelName(root.level), [type(h).__name__ for h in root.handlers]],
+    "loggers": sorted(n for n in logging.Logger.manager.loggerDict if "elastic" in n),
+}))
+logging.basicConfig(format="script: %(levelname)s %(message)s", level=logging.INFO)
+logging.info("its own format")
+"""
+
+
+def test_the_program_sees_none_of_the_servers_own_modules_or_logging(
+    server: warm.Handle, tmp_path: Path
+) -> None:
+    """The server runs the worker's modules and logs through the root logger; the program
+    sees what `python -u` shows: no elastic_worker module loaded, `import elastic_worker`
+    the user's own module beside the script, and a root logger its basicConfig sets."""
+    app = tmp_path / "app"  # not the working directory: the client's `-m` would find it
+    app.mkdir()
+    (app / "train.py").write_text(SEES)
+    (app / "elastic_worker.py").write_text("MINE = True\n")
+    forked, fresh = (
+        subprocess.run(  # noqa: PLW1510 - asserted
+            [*argv, str(app / "train.py")], capture_output=True, text=True, timeout=60, cwd=tmp_path
+        )
+        for argv in (client(server), [str(PYTHON), "-u"])
+    )
+    assert (forked.returncode, fresh.returncode) == (0, 0), forked.stderr + fresh.stderr
+    mine = str(app / "elastic_worker.py")
+    seen = {"modules": [], "found": mine, "imported": mine, "root": ["WARNING", []], "loggers": []}
+    assert json.loads(forked.stdout) == json.loads(fresh.stdout) == seen
+    assert forked.stderr == fresh.stderr == "script: INFO its own format\n"
 
 
 def test_it_is_a_fork_of_the_server_with_torch_already_imported(

@@ -172,7 +172,7 @@ def test_a_torch_the_group_fence_would_not_reach_is_said_once_and_the_child_keep
         f"elastic-worker: warm server: torch {torch_version()}: torch.distributed."
         "destroy_process_group is not distributed_c10d's: a training process's default process "
         "group is freed when its script drops it, not at its exit as under python -u (a DDP "
-        "script can hang at its end, until its teardown bound: docs/recovery.md)"
+        "script can hang at its end, until its teardown bound: docs/notes/2026-11-27-end-of-job.md)"
     ]
 
 

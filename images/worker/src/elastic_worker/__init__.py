@@ -3,11 +3,12 @@ exit code (`elastic-worker <training command>`, docs/contracts.md). The folders 
 pod's life:
 
     main.py          arguments and environment -> one Config and the key store; pod.run
-    pod.py           the pod's life: gate -> torchrun epoch after epoch -> end; its
-                     services started and stopped by one owner (an ExitStack)
-    torchruns.py     torchrun run after run, one per rendezvous epoch (Epochs), and the
-                     signal relay to the running one (Relay)
+    pod.py           the pod's life: gate -> torchrun after torchrun -> end; its services
+                     started and stopped by one owner (an ExitStack)
+    torchruns.py     torchrun after torchrun (Torchruns), and the signal relay to the
+                     running one (Relay)
     exits.py         the exit codes
+    timings.py       every internal timing, in one place
     image.py         what the image must have (Python, torch), checked at the start
     bundle.py        the worker injected into a user's image: the bundle's layout, and
                      which of its processes sees which libraries
@@ -15,25 +16,29 @@ pod's life:
                      read into one Config (config.py, rendezvous.py, envfile.py)
     gate/            the readiness gate: its wait (wait.py), probes (probes.py), peer
                      registration (members.py), the job's kind of node (topology.py),
-                     the interface choice (netif.py), locked memory for RDMA
+                     the interface and address choice (netif.py), locked memory for RDMA
                      (memlock.py), all in order (ready.py)
-    launch/          torchrun's argv and environment (argv.py), the attempt shim and its
-                     line (attempt_line.py), torchrun supervised (supervisor.py)
-    completion.py    whether the job is complete: every decision about it
+    launch/          torchrun's argv and environment (argv.py), torchrun supervised
+                     (supervisor.py), torch's torchrun with the job's exit barrier
+                     (torchrun.py)
+    attempt_line.py  the attempt shim torchrun runs before the program, and its line
+    completion.py    the end of the job: its table of decision points
     scaledown.py     the job's StatefulSets scaled to 0 at its end
-    recovery/        what a re-form takes: silent-loss detection (lossdetect.py), leaving
-                     the round (leave.py), lifelines to the peers (lifelines/), rendezvous
-                     epochs (epochs.py), torch's public rendezvous API (rendezvous.py);
-                     what a lost node takes: this incarnation fenced (fence.py), the
-                     dead node's pod reclaimed (reclaim.py)
+    recovery/        the loss of a node: its table of signals and actions (policy.py),
+                     and the detectors and mechanisms it wires (recovery/__init__.py)
     torchcompat.py   torch's private rendezvous internals, behind one fence
     warm/            warm starts: a server that forks training processes (server.py,
                      child.py) and the client torchrun runs (client.py), protocol.py
     observe/         metrics (metrics.py), torchrun's attempts followed (attempts.py),
-                     a script's snapshot lines (snapshots.py), Kubernetes Events
-                     (events.py), the API server (kubeapi.py)
+                     a script's snapshot lines (snapshots.py), Kubernetes Events and
+                     their reasons (events.py)
+    kubeapi.py       the few requests to the API server (standard library only)
     keystore/        the project's own etcd keys: the interface (interface.py) and its
                      two backends (etcdv2.py, etcdv3.py)
+
+The packages import each other in one direction (tests/worker/test_layers.py): settings
+and keystore below everything, then observe, gate, launch, recovery, and the modules
+that run the pod (torchruns.py, pod.py, main.py) on top.
 
 Nothing here is imported by a package __init__: `python -m elastic_worker.warm.client`
 starts once per training process and stays cheap.

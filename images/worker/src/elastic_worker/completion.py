@@ -28,18 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from elastic_worker import scaledown
+from elastic_worker import scaledown, timings
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.settings.config import Config
 
 logger = logging.getLogger(__name__)
-
-FAILURE_WAIT = 15.0  # after a failed torchrun: how long to wait for the marker
-# After a SIGTERM: how long to keep asking etcd, then the API, whether the job completed
-# (at the end both may be going away at once; well inside the pod's grace period).
-STOPPED_ASK = 10.0
-LEAVE_ASK = 2.0  # seconds for the completion read before a leave at the signal
-MARK_FOR = 30.0  # seconds to keep trying to set the marker after success
 
 
 def complete_key(config: Config) -> str:
@@ -138,7 +131,7 @@ class Completion:
     client: kvstore.KeyStore
     config: Config
     #: after a failed torchrun: how long to wait for another pod's marker
-    failure_wait: float = FAILURE_WAIT
+    failure_wait: float = timings.FAILURE_WAIT
     #: this pod set the marker (its JobCompleted Event goes on the StatefulSet too)
     marked: bool = False
     asked_after_signal: bool = False
@@ -183,7 +176,7 @@ class Completion:
     def after_success(self) -> None:
         """torchrun exited 0: set the marker (retried while etcd is away, unless the job's
         etcd was scaled away by a pod that finished first), then scale the job down."""
-        deadline = time.monotonic() + MARK_FOR
+        deadline = time.monotonic() + timings.MARK_FOR
         self.done = True
         while True:
             try:
@@ -221,7 +214,7 @@ class Completion:
         when the job is complete. Asked once per pod (`asked_after_signal`): the answer
         decides its exit code."""
         self.asked_after_signal = True
-        self.done = self.done or complete_now(self.client, self.config, within=STOPPED_ASK)
+        self.done = self.done or complete_now(self.client, self.config, within=timings.STOPPED_ASK)
         return self.done
 
     def before_leave(self) -> bool:
@@ -229,6 +222,6 @@ class Completion:
         then, nobody re-forms. One quick read; when etcd cannot answer, the rendezvous'
         scale (the first pod to finish scales etcd away as the others are told to stop);
         neither can say: not complete."""
-        if not self.done and complete_now(self.client.with_timeout(LEAVE_ASK), self.config):
+        if not self.done and complete_now(self.client.with_timeout(timings.LEAVE_ASK), self.config):
             self.done = True
         return self.done

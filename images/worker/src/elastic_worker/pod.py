@@ -1,11 +1,10 @@
-"""One pod's life, from its settings on: the gate, torchrun in one rendezvous epoch after
-another (torchruns.py), the end; and the services around torchrun, started and stopped by
-one owner.
+"""One pod's life, from its settings on: the gate, torchrun after torchrun (torchruns.py),
+the end; and the services around torchrun, started and stopped by one owner.
 
     run()        memlock check, Events, metrics; gate/ready.py; _train(); the exit code
-    _train()     the services (member refresh, attempt follower, this incarnation's
-                 fence, reclaim, loss detection, warm server, lifeline server, torchrun's
-                 reports) on one ExitStack, then torchruns.Epochs.run()
+    _train()     the services (member refresh, attempt follower, the node-loss policy's
+                 detectors, warm server, torchrun's reports) on one ExitStack, then
+                 torchruns.Torchruns.run()
 """
 
 from __future__ import annotations
@@ -26,14 +25,11 @@ from elastic_worker.gate import memlock
 from elastic_worker.gate.ready import Ready, pass_gate
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.launch import argv
-from elastic_worker.launch.attempt_line import ensure_log
-from elastic_worker.launch.supervisor import Unfinished, teardown_bound
+from elastic_worker.launch.supervisor import teardown_bound
 from elastic_worker.observe import events
-from elastic_worker.recovery import lossdetect, reclaim
-from elastic_worker.recovery.fence import Fence
-from elastic_worker.recovery.lifelines import server as lifeline_server
+from elastic_worker.recovery.policy import NodeLoss
 from elastic_worker.settings.config import Config
-from elastic_worker.torchruns import Epochs, Relay
+from elastic_worker.torchruns import Relay, Torchruns
 from elastic_worker.warm import server as warm
 from elastic_worker.warm.protocol import warm_command
 
@@ -99,19 +95,19 @@ def run(cfg: Config, client: kvstore.KeyStore, relay: Relay) -> int:
 def _record_end(recorder: events.Recorder, code: int, relay: Relay, completion: Completion) -> None:
     """The pod's last Event: it left on SIGTERM, or training succeeded (on the StatefulSet
     too when this pod set the completion marker: once per job)."""
-    if relay.fence is not None and relay.fence.fenced.is_set():
-        return  # replaced: the new incarnation speaks for the pod
+    if relay.replaced.is_set():
+        return  # the new incarnation speaks for the pod
     if relay.stop.is_set() and code != exits.OK:
         recorder.record(
-            "LeftOnSignal",
+            events.LEFT_ON_SIGNAL,
             f"SIGTERM forwarded to torchrun: training stopped (exit {code}; the script "
             "checkpoints on SIGTERM) and this pod left the job; the others re-form without it",
         )
     elif code == exits.OK and relay.supervisor is not None:
-        recorder.record("JobCompleted", "training complete: this pod exits 0")
+        recorder.record(events.JOB_COMPLETED, "training complete: this pod exits 0")
         if completion.marked:
             recorder.record(
-                "JobCompleted",
+                events.JOB_COMPLETED,
                 f"training complete (marked by {completion.config.pod_name})",
                 job=True,
             )
@@ -208,7 +204,7 @@ def _train(
     recorder: events.Recorder,
     internals: bool,
 ) -> int:
-    """The services, then torchrun epoch after epoch; they stop in reverse order.
+    """The services, then torchrun after torchrun; they stop in reverse order.
     `internals`: this torch lets the lifelines and the leave at a signal work."""
     env, added = argv.build_env(cfg, ready.choice, os.environ)
     logger.info("environment: %s", " ".join(f"{k}={v}" for k, v in sorted(added.items())))
@@ -219,61 +215,40 @@ def _train(
         follower = _start_follower(tracker, ready, env) if wanted else None
         if follower is not None:
             services.callback(follower.stop)
-        fence = Fence(cfg, client, ready.registration, relay.torchrun_pid)
-        relay.fence = fence
-        if ready.registration is not None:
-            ready.registration.on_replaced = fence.replaced
-            ready.registration.fenced = fence.fenced.is_set
-        reclaimer = reclaim.start(cfg, lambda: fence.holding, completion.known, recorder)
-        if reclaimer is not None:
-            services.callback(reclaimer.stop)
-        unfinished: Unfinished | None = None
-        if cfg.loss_detection:
-            detector = lossdetect.start(
-                client,
-                cfg,
-                env,
-                fence=fence,
-                on_lost=None if reclaimer is None else reclaimer.lapsed,
-                on_alive=None if reclaimer is None else reclaimer.alive,
-                saves=follower.saves if follower is not None else None,  # snapshot lines
-            )
-            services.callback(detector.stop)
-            unfinished = detector.unfinished  # whom a node in the exit barrier waits for
+        node_loss = NodeLoss(
+            cfg,
+            completion,
+            torchrun_pid=relay.torchrun_pid,
+            registration=ready.registration,
+            recorder=recorder,
+            replaced=relay.replaced,
+            internals=internals,
+        )
+        services.enter_context(node_loss)
+        node_loss.start(
+            env, ready.local_addr, saves=follower.saves if follower is not None else None
+        )
         reports = Path(tempfile.mkdtemp(prefix="elastic-torchrun-"))  # torchrun.py's --report
         services.callback(shutil.rmtree, reports, ignore_errors=True)
         server = _start_warm(cfg, env)
         if server is not None:
             services.callback(server.stop)
-        lifeline = (
-            lifeline_server.serve(cfg, ready.local_addr, relay.torchrun_pid) if internals else None
-        )
-        attempt_log = None
-        if lifeline is not None:
-            services.callback(lifeline.stop)
-            attempt_log, own_dir = ensure_log(env, "elastic-lifeline-")
-            if own_dir is not None:
-                services.callback(shutil.rmtree, own_dir, ignore_errors=True)
         if ready.registration is not None:
             ready.registration.start()
-        epoch_runs = Epochs(
+        torchruns = Torchruns(
             cfg,
             completion,
             ready,
             relay,
             env,
+            node_loss,
             tracker=tracker,
             recorder=recorder,
             warm_socket=server.socket_path if server is not None else None,
-            lifelines=attempt_log,
-            leave=internals,
-            fence=fence,
-            reclaimer=reclaimer,
-            unfinished=unfinished,
             reports=reports,
         )
         try:
-            return epoch_runs.run()
+            return torchruns.run()
         except kvstore.EtcdError as exc:
             logger.error("etcd at %s failed: %s", cfg.endpoint, exc)
             return exits.GATE_TIMEOUT

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import urllib.error
 
-from elastic_worker.observe import kubeapi
+from elastic_worker import kubeapi
 from elastic_worker.settings.config import Config, ConfigError, KubeApi, read_statefulsets
 
 logger = logging.getLogger(__name__)

@@ -163,7 +163,7 @@ def check_soon() -> Callable[[], str | None]:
 
 
 def dynamic_rendezvous() -> ModuleType:
-    """torch's module (imported here: 1-2 s of CPU the first time)."""
+    """torch's module (imported here: a second or two of CPU the first time)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous  # noqa: PLC0415
 
     return dynamic_rendezvous
@@ -353,7 +353,7 @@ def set_exit_barrier_timeout(timeout: float, api: Any = None) -> None:
 
 # -- a warm child's end: its default process group kept for the interpreter's exit ------
 #
-# (issue 24; docs/recovery.md, "The end of a job") Under `python -u`, DDP's constructor
+# (issue 24; docs/notes/2026-11-27-end-of-job.md) Under `python -u`, DDP's constructor
 # first imports torch.distributed.nn.functional after init_process_group, and that
 # module's default arguments (`group=group.WORLD`, evaluated at import) hold the default
 # group until the interpreter finalizes, where its Python object frees it with the GIL

@@ -44,7 +44,7 @@ def version() -> str:
     try:
         mine = metadata.version(PACKAGE)
     except metadata.PackageNotFoundError:
-        mine = "unknown (not installed: pip install packages/elastic-job-cli)"
+        mine = "unknown (not installed: pip install elastic-job-cli)"
     try:
         kube = metadata.version("kubernetes")
     except metadata.PackageNotFoundError:

@@ -15,13 +15,19 @@ form every supported client honours): the TCP connect and the TLS handshake with
 no wait longer than t for an answer. A stream (a watch, a followed log) waits t for its
 headers and then as long as it lasts: a quiet watch is not a hung server. A request that
 timed out is not sent again (urllib3 would retry it once: twice the wait).
+
+A connection that could not be made is told apart from one that timed out (failure()):
+urllib3 raises NewConnectionError, a subclass of ConnectTimeoutError, for a refusal as for
+a host name that does not resolve, so the class alone would call both a timeout.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
+import socket
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -79,11 +85,51 @@ def _status_message(exc: ApiException) -> str:
         return str(exc.reason)
 
 
+#: What failure() finds when a connection or a request fails.
+REFUSED = "refused"  # nothing listens at the server's address and port
+NO_HOST = "no such host"  # the server's host name does not resolve
+TIMEOUT = "timeout"  # no connection or no answer within --request-timeout
+OTHER = "other"  # no route, reset, a TLS error, ...
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """exc, what it wraps (urllib3's `reason`) and what it was raised from, each once."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        cur = todo.pop(0)
+        if cur is None or id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        yield cur
+        reason = getattr(cur, "reason", None)
+        todo += [reason if isinstance(reason, BaseException) else None]
+        todo += [cur.__cause__, cur.__context__]
+
+
+def failure(exc: BaseException) -> str:
+    """Why a request failed below HTTP: REFUSED, NO_HOST, TIMEOUT or OTHER. The socket's own
+    error decides, since urllib3's NewConnectionError (a refusal, an unknown host) is a
+    subclass of its ConnectTimeoutError (urllib3 1.26 and 2.x alike)."""
+    chain = list(_chain(exc))
+    if any(isinstance(e, ConnectionRefusedError) for e in chain) or any(
+        isinstance(e, OSError) and e.errno == errno.ECONNREFUSED for e in chain
+    ):
+        return REFUSED
+    if any(isinstance(e, (socket.gaierror, urllib3.exceptions.NameResolutionError)) for e in chain):
+        return NO_HOST
+    if any(isinstance(e, urllib3.exceptions.NewConnectionError) for e in chain):
+        return OTHER
+    if any(isinstance(e, (urllib3.exceptions.TimeoutError, TimeoutError)) for e in chain):
+        return TIMEOUT
+    return OTHER
+
+
 class _Retry(urllib3.Retry):
     """urllib3's retries less the one after a timeout: a server that did not answer within
     --request-timeout is not asked again (kubectl does not ask again either), so that the
     command ends within the timeout and not twice it. A refused or dropped connection (a
-    pooled one the server closed) is still tried once more."""
+    pooled one the server closed) is still tried once more: it costs no wait."""
 
     def increment(
         self,
@@ -94,7 +140,7 @@ class _Retry(urllib3.Retry):
         _pool: ConnectionPool | None = None,
         _stacktrace: TracebackType | None = None,
     ) -> Self:
-        if isinstance(error, urllib3.exceptions.TimeoutError):
+        if error is not None and failure(error) == TIMEOUT:
             raise urllib3.exceptions.MaxRetryError(_pool, url, error) from error  # type: ignore[arg-type]
         return super().increment(method, url, response, error, _pool, _stacktrace)
 
@@ -125,12 +171,16 @@ class Kube:
         *,
         timeout: float | None,
         all_namespaces: bool = False,
+        origin: str = "",
     ) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.namespace = namespace
         self.server = server
+        #: Where the server came from, for messages: "KUBECONFIG=..., context c" or
+        #: "in-cluster config".
+        self.origin = origin
         #: Seconds to wait for the API server (--request-timeout); None: for ever.
         self.timeout = timeout
         self.all_namespaces = all_namespaces
@@ -161,17 +211,34 @@ class Kube:
             raise self.unreachable(exc) from None
 
     def unreachable(self, exc: urllib3.exceptions.HTTPError) -> CommandError:
-        reason = getattr(exc, "reason", None) or exc
-        if isinstance(reason, urllib3.exceptions.TimeoutError):
+        """One line for a request that failed below HTTP: a refusal is not a timeout."""
+        kind = failure(exc)
+        where = f" ({self.origin})" if self.origin else ""
+        if kind == REFUSED:
+            # kubectl: "The connection to the server HOST:PORT was refused - did you
+            # specify the right host or port?"
+            return CommandError(
+                f"connection refused: is the API server at {self.server} up?{where}: check "
+                "--context and --kubeconfig (kubectl cluster-info)",
+                EXIT_UNREACHABLE,
+            )
+        if kind == NO_HOST:
+            return CommandError(
+                f"no such host: the API server's name in {self.server} does not resolve"
+                f"{where}: check --context and --kubeconfig, and the DNS or VPN it needs",
+                EXIT_UNREACHABLE,
+            )
+        if kind == TIMEOUT:
             return CommandError(
                 f"the API server at {self.server} did not answer within "
                 f"{seconds_text(self.timeout)} (--request-timeout): check that it is up "
                 "(kubectl cluster-info), or pass a longer --request-timeout",
                 EXIT_UNREACHABLE,
             )
+        reason = getattr(exc, "reason", None) or exc
         return CommandError(
-            f"cannot reach the API server at {self.server}: {reason}; check --context and "
-            "--kubeconfig (kubectl cluster-info)",
+            f"cannot reach the API server at {self.server}{where}: {reason}; check --context "
+            "and --kubeconfig (kubectl cluster-info)",
             EXIT_UNREACHABLE,
         )
 
@@ -354,7 +421,7 @@ class Kube:
         except ApiException as exc:
             raise self.error(exc, "watch", resource) from None
         except urllib3.exceptions.HTTPError as exc:
-            if isinstance(getattr(exc, "reason", None) or exc, urllib3.exceptions.TimeoutError):
+            if failure(exc) != OTHER:
                 raise self.unreachable(exc) from None
             raise CommandError(f"watching {resource} stopped: {exc}", EXIT_UNREACHABLE) from None
 
@@ -364,6 +431,7 @@ def connect(access: Access) -> Kube:
     in-cluster; the namespace from -n, else the context's, else the pod's, else default."""
     cfg = client.Configuration()
     ctx_namespace = ""
+    origin = "in-cluster config"
     try:
         found = kubeconfig.load(access.kubeconfig, os.environ.get("KUBECONFIG"), Path.home())
     except kubeconfig.KubeconfigError as exc:
@@ -379,7 +447,8 @@ def connect(access: Access) -> Kube:
             EXIT_USAGE,
         )
     if found is not None:
-        ctx_namespace = _load_kubeconfig(found, access.context, cfg)
+        ctx_namespace, context = _load_kubeconfig(found, access.context, cfg)
+        origin = f"kubeconfig {found.source}, context {context}"
     else:
         try:
             config.load_incluster_config(client_configuration=cfg)
@@ -401,14 +470,15 @@ def connect(access: Access) -> Kube:
         cfg.host,
         timeout=access.request_timeout,
         all_namespaces=access.all_namespaces,
+        origin=origin,
     )
 
 
 def _load_kubeconfig(
     found: kubeconfig.Kubeconfig, context: str | None, cfg: client.Configuration
-) -> str:
+) -> tuple[str, str]:
     """Load `found` into `cfg` for `context` (else its current context); that context's
-    namespace."""
+    namespace and name."""
     name = context or found.config.get("current-context")
     if not name:
         raise CommandError(
@@ -437,4 +507,4 @@ def _load_kubeconfig(
             "fix it or pass another --context (kubectl config view --minify)",
             EXIT_USAGE,
         ) from None
-    return str(body.get("namespace") or "")
+    return str(body.get("namespace") or ""), str(name)

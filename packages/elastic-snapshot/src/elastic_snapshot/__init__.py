@@ -18,6 +18,8 @@ The map, step by step:
 - `store`: snapshot files in node-local memory: atomic, with a trailer (job, step, world,
   shard layout, CRC-32), so that a torn or foreign file is never loaded.
 - `ring`: for sharded state (FSDP2), each rank's shard also in the next node's memory.
+- `stepcopy`: for a script whose step spans several optimizer steps (an epoch), the state
+  of its last `step_done` copied to host memory, saved when the live state is past it.
 - `plan`: the agreement, a pure function of what every rank holds (no torch).
 - `restore`: the collective restore: announce, agree, serve (broadcast, and point to point
   resharding to a new world size), load, check.

@@ -1,7 +1,9 @@
 """When the live state is consistent, and who is woken when the process is told to stop.
 
 `StepGate`: the optimizers' step pre-hooks enter an update, their post-hooks mark the state
-advanced, and `done(step)` makes it consistent again at `step`. A saver freezes the gate
+advanced, and `done(step)` makes it consistent again at `step` and says how many updates
+the interval it closes held (one per step for a script that marks every optimizer step;
+more when its step is an epoch: snapshots.py then keeps copies). A saver freezes the gate
 (waiting, bounded, for a consistent state): an update that starts meanwhile waits until
 the saver has read the state. Forward and backward never change what is kept (parameters,
 optimizer state), except buffers a forward updates (BatchNorm's running statistics), which
@@ -34,6 +36,7 @@ class StepGate:
         self._updating = False  # inside an optimizer's step()
         self._dirty = False  # stepped since the last done()
         self._frozen = 0
+        self._updates: dict[int, int] = {}  # optimizer -> its updates since the last done()
         self._ignoring = threading.local()
         self.step: int | None = None  # the step the live state is consistent at
         self.data_position: Json = None
@@ -45,20 +48,26 @@ class StepGate:
             self._cond.wait_for(lambda: self._frozen == 0)
             self._updating = True
 
-    def after_update(self) -> None:
+    def after_update(self, optimizer: int = 0) -> None:
         if getattr(self._ignoring, "on", False):
             return
         with self._cond:
             self._updating = False
             self._dirty = True
+            self._updates[optimizer] = self._updates.get(optimizer, 0) + 1
             self._cond.notify_all()
 
-    def done(self, step: int, data_position: Json) -> None:
+    def done(self, step: int, data_position: Json) -> int:
+        """The state is consistent at `step`; returns the most updates one optimizer made
+        since the last done() (several optimizers stepping once each are one step)."""
         with self._cond:
             self._cond.wait_for(lambda: self._frozen == 0)
             self.step, self.data_position = step, data_position
             self._updating = self._dirty = False
+            most = max(self._updates.values(), default=0)
+            self._updates.clear()
             self._cond.notify_all()
+            return most
 
     def consistent(self) -> bool:
         with self._cond:

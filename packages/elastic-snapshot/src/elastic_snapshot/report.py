@@ -44,6 +44,19 @@ def warn(message: str) -> None:
         os.write(sys.stderr.fileno(), f"[elastic-snapshot] {message}\n".encode())
 
 
+def size(nbytes: float) -> str:
+    """`nbytes` for a line: 128 B, 12.3 kB, 5.2 MB, 1.24 GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.{2 if unit == 'GB' else 1}f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def duration(seconds: float) -> str:
+    """`seconds` for a line: 0.4 ms, 12.3 ms, 1.25 s."""
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
 def restored_line(step: int, source: str, lost: int | None) -> str:
     if source not in SOURCES:
         raise ValueError(f"source {source!r} is not one of {', '.join(SOURCES)}")

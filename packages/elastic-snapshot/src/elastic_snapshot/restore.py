@@ -80,8 +80,9 @@ def restore(
     if plan.note and snap.rank == 0:
         what = f"restoring step {plan.step}" if plan.source == MEMORY else "not from memory"
         report.warn(f"{what}: {plan.note}")
+    copying = False  # the state was kept by a script whose step spans several updates
     if plan.source == MEMORY and loaded is not None:
-        data_position, source, digest = loaded
+        data_position, source, digest, copying = loaded
     elif plan.source == CHECKPOINT:
         assert load_checkpoint is not None
         with snap.gate.ignoring():
@@ -98,8 +99,12 @@ def restore(
     snap.released = store.release(node_files, opened)
     del files, opened
     snap.gate.done(plan.step, data_position)
-    if snap.ring is not None and plan.source != NONE:
+    ring_copied = snap.ring is not None and plan.source != NONE
+    if ring_copied:
+        assert snap.ring is not None
         snap.ring.offer(plan.step, data_position, snap.live())
+    if copying:  # a loss before its next step_done must find this step's state
+        snap._copy_each_step(plan.step, data_position, ring_copied=ring_copied)
     seconds = time.monotonic() - started
     report.progress(report.restored_line(plan.step, source, plan.lost))
     if snap.rank == 0 and plan.source != NONE:
@@ -116,10 +121,11 @@ def restore(
 
 def _from_memory(
     snap: Snapshots, held: list[Held], checkpoint: int | None, files: dict[str, store.Opened]
-) -> tuple[Plan, tuple[Json, str, int] | None]:
+) -> tuple[Plan, tuple[Json, str, int, bool] | None]:
     """The plan, and what was loaded from memory (data position, this rank's source, the
-    digest the ranks compare) when it says memory. A file that fails its check is left out
-    and the plan made again (ATTEMPTS times); a state the model cannot take, the checkpoint."""
+    digest the ranks compare, whether its writer copied each step) when it says memory. A
+    file that fails its check is left out and the plan made again (ATTEMPTS times); a state
+    the model cannot take, the checkpoint."""
     excluded: set[tuple[str, str]] = set()
     plan = decide(held, checkpoint, snap.sharded)
     for _attempt in range(ATTEMPTS):
@@ -140,7 +146,8 @@ def _from_memory(
             report.say(f"memory state not loaded ({errors[0]}); using {instead}")
             return decide([], checkpoint, snap.sharded), None
         source = "local-memory" if received.nodes <= {snap.node} else "peer-memory"
-        return plan, (received.header.data_position, source, _digest(received.image))
+        header = received.header
+        return plan, (header.data_position, source, _digest(received.image), header.copying)
     return decide([], checkpoint, snap.sharded), None
 
 

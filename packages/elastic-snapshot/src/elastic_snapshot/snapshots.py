@@ -25,6 +25,7 @@ from .gate import SignalWatch, StepGate
 from .restore import Restored, restore
 from .ring import Copy, Ring
 from .state import Flat, Json, Spec, as_buffer, byte_view, flatten, layout, model_fingerprint
+from .stepcopy import StepCopy
 
 #: The restore agrees through torch's all_gather_object, which needs numpy (torch's own
 #: dependency is optional). Checked when a script constructs Snapshots, not at import: an
@@ -53,6 +54,10 @@ class Snapshots:
             for step in range(start.step + 1, steps + 1):
                 ...; optimizer.step()
                 snap.step_done(step, data_position)
+
+    A step may be one optimizer step or several (an epoch): from the first step_done that
+    closes several steps of an optimizer, the state of each step_done is copied to host
+    memory (stepcopy.py), so that a loss costs at most the step in progress either way.
 
     Options: `directory` (default $ELASTIC_SNAPSHOT_DIR or /dev/shm/elastic-snapshot: node-local
     memory), `name` (one job may train several models), `job` (default $ELASTIC_JOB_ID, else
@@ -135,6 +140,12 @@ class Snapshots:
         self._validated = False
         self._watch = SignalWatch(self._on_signal)
         self.step_done_seconds = 0.0
+        # The ranks that write the state at a loss: one per node for a replicated state.
+        self._writer = self.sharded or self.local_rank == 0
+        #: The script's step spans several optimizer steps (an epoch): from the step_done
+        #: that showed it on, the state of each step_done is copied (stepcopy.py).
+        self.copying = False
+        self.step_copy: StepCopy | None = None  # this rank's copy, when it writes one
 
     # -- the training loop's side ------------------------------------------------------
 
@@ -145,10 +156,46 @@ class Snapshots:
         started = time.monotonic()
         if not self._validated:
             self._validate(data_position)
-        self.gate.done(step, data_position)
-        if self.ring is not None and self.ring.due(step):
+        updates = self.gate.done(step, data_position)
+        ring_copied = self.ring is not None and self.ring.due(step)
+        if ring_copied:
+            assert self.ring is not None
             self.ring.offer(step, data_position, self.live())
+        if updates > 1 and not self.copying:
+            self._copy_each_step(step, data_position, ring_copied=ring_copied)
+            self._say_copying(step, updates, ring_copied)
+        elif self.copying:
+            self._take_copy(step, data_position, ring_copied=ring_copied)
         self.step_done_seconds += time.monotonic() - started
+
+    def _copy_each_step(self, step: int, data_position: Json, *, ring_copied: bool) -> None:
+        """From now on keep the state of each step_done in host memory (stepcopy.py),
+        starting with `step`'s (the live state, consistent now). Called when a step_done
+        closed several optimizer steps, and by the restore of a state that was kept so."""
+        self.copying = True
+        if self._writer and self.step_copy is None:
+            self.step_copy = StepCopy(self.world, self.rank)
+        self._take_copy(step, data_position, ring_copied=ring_copied)
+
+    def _take_copy(self, step: int, data_position: Json, *, ring_copied: bool) -> None:
+        # A step the ring replica copied is in its own copies already (a sharded state).
+        if self.step_copy is not None and not ring_copied:
+            self.step_copy.take(step, data_position, self.live())
+
+    def _say_copying(self, step: int, updates: int, ring_copied: bool) -> None:
+        copy = self.step_copy
+        if copy is not None and copy.copies:
+            cost = (
+                f"{report.size(copy.nbytes)} of host memory, "
+                f"{report.duration(copy.seconds)} per step_done"
+            )
+        else:  # a sharded state whose ring replica copies every step
+            cost = "the ring replica's copies hold each step: nothing more"
+        report.say(
+            f"step {step} came after {updates} optimizer steps: from now on each step_done "
+            f"keeps a copy of the state, so that a loss costs at most one of your steps "
+            f'({cost}; packages/elastic-snapshot/README.md, "Adopting it")'
+        )
 
     def __enter__(self) -> Snapshots:
         self._watch.start()
@@ -181,6 +228,10 @@ class Snapshots:
     def stats(self) -> dict[str, float]:
         """What keeping the state cost this process so far (seconds, bytes, counts)."""
         out: dict[str, float] = {"step_done_seconds": self.step_done_seconds}
+        if self.step_copy is not None:
+            out["step_copies"] = float(self.step_copy.copies)
+            out["step_copy_seconds"] = self.step_copy.seconds
+            out["step_copy_bytes"] = float(self.step_copy.nbytes)
         if self.ring is not None:
             for key, value in self.ring.stats.__dict__.items():
                 out[f"ring_{key}"] = float(value)
@@ -213,27 +264,36 @@ class Snapshots:
     def save(self, reason: str, timeout: float | None = None) -> list[Path]:
         """Write what this rank holds to node-local memory: its live state when it is
         consistent (waiting up to `timeout` s, default `consistent_timeout`, for an optimizer
-        step in progress) and, for a sharded state, its ring copies and replica. Returns the
-        files written. Done for you on a failure and on SIGTERM; a script that stops on its
-        own (`exit_on_signal=False`) may call it before it exits."""
+        step in progress), else the copy of the last step_done when the script's step spans
+        several optimizer steps (at once: its live state is consistent only between a step's
+        end and the next optimizer step), and, for a sharded state, its ring copies and
+        replica. Returns the files written. Done for you on a failure and on SIGTERM; a
+        script that stops on its own (`exit_on_signal=False`) may call it before it exits."""
         if timeout is None:
             timeout = self.consistent_timeout
+        if self.copying:
+            timeout = 0.0
         with self._save_lock:
             started = time.monotonic()
             written: list[Path] = []
             total = 0
             step = None
             with self.gate.frozen(timeout) as consistent:
-                if consistent and (self.sharded or self.local_rank == 0):
+                if consistent and self._writer:
                     step = self.gate.step
                     assert step is not None
                     flat = self.live()
                     total += self._write_flat(flat, step, self.gate.data_position, written)
-            if self.ring is not None:
-                own, replica = self.ring.held()
-                for copy in [*([replica] if replica else []), *own]:
-                    total += self._write_copy(copy, written)
-            if not consistent:
+            own, replica = self.ring.held() if self.ring is not None else ([], None)
+            if not consistent and self.step_copy is not None:
+                with self.step_copy.held() as held:
+                    # A copy the ring's own copies do not hold already (a newer step).
+                    if held is not None and all(c.step < held.step for c in own):
+                        step = held.step
+                        total += self._write_flat(held.flat, held.step, held.data_position, written)
+            for copy in [*([replica] if replica else []), *own]:
+                total += self._write_copy(copy, written)
+            if not consistent and not self.copying:
                 report.warn(
                     f"rank {self.rank}: not saving the live state ({reason}): an optimizer step "
                     "was in progress or none was done"
@@ -271,6 +331,7 @@ class Snapshots:
             specs=tuple(specs),
             skeleton=skeleton,
             data_position=data_position,
+            copying=self.copying,
         )
 
     def _write_flat(self, flat: Flat, step: int, data_position: Json, written: list[Path]) -> int:
@@ -345,7 +406,7 @@ class Snapshots:
         self.gate.before_update()
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.gate.after_update()
+        self.gate.after_update(id(optimizer))
 
     def _validate(self, data_position: Json) -> None:
         try:

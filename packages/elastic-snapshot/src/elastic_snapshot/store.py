@@ -7,7 +7,8 @@ whole file or none, and it ends with a trailer that says what it holds:
     trailer    JSON: job, name, kind (own: this rank's state; replica: the ring predecessor's
                shard), step, last_step, world, owner (the rank of that world whose shard it
                is), node, the model's fingerprint, the skeleton and data position (own),
-               one spec per tensor, and each part's offset, size and CRC-32 of each 64 MiB
+               one spec per tensor, each part's offset, size and CRC-32 of each 64 MiB,
+               and whether its writer copied the state at each step_done (stepcopy.py)
     8 bytes    the trailer's length, little-endian
     16 bytes   MAGIC
 
@@ -83,6 +84,9 @@ class Header:
     shard: Part | None = None
     written: float = 0.0
     pid: int = 0
+    #: Its writer copied the state at each step_done (the script's step spans several
+    #: optimizer steps): a process restored from it does so from its first step.
+    copying: bool = False
 
     def file_name(self) -> str:
         return f"{self.kind}-w{self.world}-r{self.owner}-s{self.step}{SUFFIX}"
@@ -106,6 +110,7 @@ class Header:
             "shard": _part_json(self.shard),
             "written": self.written,
             "pid": self.pid,
+            "copying": self.copying,
         }
 
     @staticmethod
@@ -129,6 +134,7 @@ class Header:
             shard=_part(value["shard"]),
             written=float(value["written"]),
             pid=int(value["pid"]),
+            copying=bool(value.get("copying", False)),  # absent from files of before it
         )
 
 

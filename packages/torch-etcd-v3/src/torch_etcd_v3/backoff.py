@@ -16,8 +16,9 @@ class Backoff:
     write at once, so with N agents joining together every winning write costs about N
     losing ones; at 128-256 agents the heartbeats of the agents already in the round no
     longer get through within keep-alive interval x attempts, the others' sanitizer evicts
-    them, they join again, and the rendezvous never completes (docs/recovery.md,
-    "Rendezvous at scale"). The wait spreads the retries; an uncontended write never waits.
+    them, they join again, and the rendezvous never completes
+    (docs/notes/2026-11-25-rendezvous-at-scale.md). The wait spreads the retries; an
+    uncontended write never waits.
     """
 
     first: float = 0.01

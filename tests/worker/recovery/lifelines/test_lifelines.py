@@ -1,5 +1,5 @@
 """lifeline.py: a peer's processes seen dying through the connection they held, and only
-then its node taken out of the round (the node itself is in recovery/test_leave.py and
+then its node taken out of the round (the node itself is in recovery/test_round.py and
 test_pod.py)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from elastic_worker import timings
 from elastic_worker.recovery.lifelines import client as lifeline
 from elastic_worker.recovery.lifelines.client import LifelineWatcher as Watcher
 from elastic_worker.recovery.lifelines.client import Verdict
@@ -72,7 +73,7 @@ def test_a_peer_that_does_not_answer_proves_nothing() -> None:
         started = time.monotonic()
         found, _ = lifeline.verdict(("127.0.0.1", 42), mute.getsockname()[1])
     assert found == Verdict.UNKNOWN
-    assert time.monotonic() - started < lifeline.CONNECT_TIMEOUT + 1
+    assert time.monotonic() - started < timings.LIFELINE_CONNECT_TIMEOUT + 1
 
 
 def test_a_peer_whose_processes_die_is_taken_out_within_a_second() -> None:
@@ -165,7 +166,7 @@ def test_a_live_peer_whose_connection_dropped_stays_and_is_held_again() -> None:
 
 def test_a_peer_that_ends_on_purpose_says_goodbye_and_is_not_taken_out() -> None:
     """The job done or a SIGTERM: its elastic-worker stops its lifeline; its node is its own
-    business (leave.py), not a death for the others to act on."""
+    business (the node-loss policy's SIGTERM row), not a death for the others to act on."""
     port = free_port()
     server = Server("127.0.0.2", port, lambda: 8).start()
     removed: list[tuple[Node, float]] = []

@@ -19,14 +19,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from elastic_worker import timings
 from elastic_worker.gate.topology import Kind
 from elastic_worker.gate.wait import CheckResult
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.settings.config import Config
 
 logger = logging.getLogger(__name__)
-
-MEMBER_TTL = 30
 
 
 @dataclass(frozen=True)
@@ -113,7 +112,7 @@ class Registration:
 
     def register(self) -> None:
         """At the gate: the key is this pod's, whoever held it (the newest incarnation)."""
-        self.client.set(self.key, self.value, ttl=MEMBER_TTL)
+        self.client.set(self.key, self.value, ttl=timings.MEMBER_TTL)
 
     def count(self) -> int:
         return len(self.client.list_dir(self.dir))
@@ -144,7 +143,7 @@ class Registration:
         self._thread.start()
 
     def _refresh(self) -> None:
-        while not self._stop.wait(MEMBER_TTL / 3):
+        while not self._stop.wait(timings.MEMBER_TTL / 3):
             if not self.tick():
                 return
 
@@ -164,10 +163,10 @@ class Registration:
     def refresh(self) -> None:
         """Rewrite the key only while it is this pod's (or gone: it lapsed)."""
         try:
-            self.client.set(self.key, self.value, ttl=MEMBER_TTL, prev_value=self.value)
+            self.client.set(self.key, self.value, ttl=timings.MEMBER_TTL, prev_value=self.value)
         except kvstore.KeyNotFound:
             try:
-                self.client.set(self.key, self.value, ttl=MEMBER_TTL, prev_exist=False)
+                self.client.set(self.key, self.value, ttl=timings.MEMBER_TTL, prev_exist=False)
             except kvstore.NodeExists:
                 self.check_replaced()
         except kvstore.CompareFailed:
@@ -192,7 +191,7 @@ class Registration:
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self.complete() or self.fenced():
-            return  # etcd is going to 0 replicas; the key expires in MEMBER_TTL s
+            return  # etcd is going to 0 replicas; the key expires within MEMBER_TTL
         try:
             self.client.delete(self.key, prev_value=self.value)
         except kvstore.CompareFailed:
@@ -200,5 +199,8 @@ class Registration:
         except kvstore.EtcdError as exc:
             if not self.confirm():
                 logger.info(
-                    "could not remove %s (it expires in %d s): %s", self.key, MEMBER_TTL, exc
+                    "could not remove %s (it expires in %d s): %s",
+                    self.key,
+                    timings.MEMBER_TTL,
+                    exc,
                 )

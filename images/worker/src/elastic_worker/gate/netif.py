@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastic_worker.settings.config import Config
+
 logger = logging.getLogger(__name__)
 
 EXCLUDED = frozenset({"lo", "docker0"})
@@ -140,3 +142,18 @@ def choose(
             reason = f"no mesh interface is up; {iface.name} ({source}) routes to {endpoint_ip}"
             return Choice(iface.name, source, reason), reason
     return None, f"no interface holds {source}, the source address for {endpoint_ip}"
+
+
+def local_address(config: Config, choice: Choice | None, mesh: bool) -> str | None:
+    """What the other nodes use to reach this one (rank 0's store, MASTER_ADDR).
+
+    ELASTIC_LOCAL_ADDR, else the mesh interface's address when the mesh was chosen,
+    else POD_IP, else the chosen interface's address; None lets torchrun use the FQDN.
+    """
+    if config.local_addr:
+        return config.local_addr
+    if mesh and choice is not None and choice.address:
+        return choice.address
+    if config.pod_ip:
+        return config.pod_ip
+    return choice.address if choice is not None and choice.address else None

@@ -11,10 +11,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from elastic_worker import exits
+from elastic_worker import exits, timings
 from elastic_worker.completion import Completion
 from elastic_worker.gate import netif, probes
-from elastic_worker.gate.members import MEMBER_TTL, Registration
+from elastic_worker.gate.members import Registration
+from elastic_worker.gate.netif import local_address
 from elastic_worker.gate.topology import Gate as KindGate
 from elastic_worker.gate.wait import (
     Check,
@@ -26,7 +27,6 @@ from elastic_worker.gate.wait import (
     wait,
 )
 from elastic_worker.keystore import interface as kvstore
-from elastic_worker.launch.argv import local_address
 from elastic_worker.observe import events
 from elastic_worker.settings.config import Config
 
@@ -88,7 +88,7 @@ def pass_gate(
             )
             peers = Check(f"{cfg.min_nodes} peers", registration.probe)
             wait([peers], left(), stop=stop)
-            kind = KindGate(client, cfg, registration.kinds, MEMBER_TTL)
+            kind = KindGate(client, cfg, registration.kinds, timings.MEMBER_TTL)
             if kind.active:
                 registration.also = kind.refresh
                 job_kind = Check("the job's kind of node", unless_complete(kind.probe, done))
@@ -99,7 +99,7 @@ def pass_gate(
     except GateTimeout as exc:
         logger.error("%s", exc)
         if recorder is not None:
-            recorder.record("GateTimeout", str(exc), events.WARNING)
+            recorder.record(events.GATE_TIMEOUT, str(exc))
         raise exits.Exit(exits.GATE_TIMEOUT) from None
     except Completed:
         logger.info(

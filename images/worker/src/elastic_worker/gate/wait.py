@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-logger = logging.getLogger(__name__)
+from elastic_worker import timings
 
-PROGRESS_EVERY = 5.0
-POLL_EVERY = 0.5
+logger = logging.getLogger(__name__)
 
 
 class Fatal(Exception):
@@ -54,8 +53,8 @@ def wait(
     checks: Sequence[Check],
     timeout: float,
     *,
-    progress_every: float = PROGRESS_EVERY,
-    poll_every: float = POLL_EVERY,
+    progress_every: float = timings.GATE_PROGRESS_EVERY,
+    poll_every: float = timings.GATE_POLL,
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:

@@ -1,4 +1,4 @@
-"""The project's own etcd keys (completion, epoch, members, rounds).
+"""The project's own etcd keys (completion, generation, members, rounds).
 
 interface.py  the KeyStore interface, its errors, connect() for the job's backend
 etcdv2.py     etcd's v2 keys API (etcd-v2 backend)

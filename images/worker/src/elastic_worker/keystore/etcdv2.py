@@ -20,8 +20,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from elastic_worker import timings
 from elastic_worker.keystore.interface import (
-    DEFAULT_TIMEOUT,
     CompareFailed,
     Entry,
     EtcdError,
@@ -31,6 +31,7 @@ from elastic_worker.keystore.interface import (
     NodeExists,
     TlsRefused,
     Unavailable,
+    Write,
 )
 from elastic_worker.keystore.interface import tls_refusal as _tls_refusal
 from elastic_worker.settings.config import Config
@@ -58,7 +59,6 @@ _NODE_EXISTS = 105
 #: before it counts as a refusal: one drop without an alert can be a restart or a proxy
 #: starting up; the same drop for seconds on end is not.
 TLS_DROPS_TO_REFUSE = 3
-TLS_DROP_SECONDS = 5.0
 
 
 def _entry(data: dict[str, Any]) -> Entry:
@@ -69,7 +69,7 @@ def _entry(data: dict[str, Any]) -> Entry:
     )
 
 
-class Client:
+class Client(KeyStore):
     """The v2 keys API (kvstore.KeyStore). `context` is the TLS context for an https
     `base_url` (config.RdzvTls.context)."""
 
@@ -78,7 +78,7 @@ class Client:
     def __init__(
         self,
         base_url: str,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float = timings.ETCD_TIMEOUT,
         *,
         context: ssl.SSLContext | None = None,
     ) -> None:
@@ -106,7 +106,7 @@ class Client:
         last_side, count, first = self._drops
         self._drops = (side, count + 1, first) if last_side == side else (side, 1, now)
         _, count, first = self._drops
-        if count < TLS_DROPS_TO_REFUSE or now - first < TLS_DROP_SECONDS:
+        if count < TLS_DROPS_TO_REFUSE or now - first < timings.TLS_DROP_SECONDS:
             return None
         seconds = f"{now - first:.0f} s"
         if side == "protocol":
@@ -183,31 +183,20 @@ class Client:
         return _entry(self._request("GET", key, query)["node"])
 
     def get_value(self, key: str) -> str | None:
-        """The key's value, or None when it does not exist."""
         try:
             return self.get(key).value
         except KeyNotFound:
             return None
 
-    def set(
-        self,
-        key: str,
-        value: str,
-        *,
-        ttl: int | None = None,
-        prev_exist: bool | None = None,
-        prev_value: str | None = None,
-    ) -> Entry:
-        """Write a key; `prev_exist`/`prev_value` make it a compare-and-swap
-        (NodeExists, KeyNotFound or CompareFailed when the comparison fails)."""
+    def _write(self, key: str, value: str, how: Write) -> Entry:
         form = {"value": value}
-        if ttl is not None:
-            form["ttl"] = str(ttl)
+        if how.ttl is not None:
+            form["ttl"] = str(how.ttl)
         query: dict[str, str] = {}
-        if prev_exist is not None:
-            query["prevExist"] = str(prev_exist).lower()
-        if prev_value is not None:
-            query["prevValue"] = prev_value
+        if how.prev_exist is not None:
+            query["prevExist"] = str(how.prev_exist).lower()
+        if how.prev_value is not None:
+            query["prevValue"] = how.prev_value
         return _entry(self._request("PUT", key, query or None, form)["node"])
 
     def delete(self, key: str, *, prev_value: str | None = None) -> None:
@@ -216,7 +205,6 @@ class Client:
             self._request("DELETE", key, query)
 
     def list_dir(self, key: str) -> list[Entry]:
-        """The direct children of a directory; empty when it does not exist."""
         try:
             return list(self.get(key).children)
         except KeyNotFound:
@@ -231,7 +219,6 @@ class Client:
         return Client(self.base_url, timeout, context=self.context)
 
     def server_version(self) -> str:
-        """etcd's /version, e.g. '3.6.0', or '' when it cannot be read."""
         try:
             with self._open(f"{self.base_url}/version") as r:
                 return str(json.loads(r.read()).get("etcdserver", ""))
@@ -239,7 +226,7 @@ class Client:
             return ""
 
 
-def connect(config: Config, timeout: float = DEFAULT_TIMEOUT) -> Client:
+def connect(config: Config, timeout: float = timings.ETCD_TIMEOUT) -> Client:
     """The worker's client for the job's etcd: https with the CA and client certificate
     torch's handler is given (config.RdzvTls), plain http when torch's is. Raises
     config.ConfigError when a TLS file cannot be used."""

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 from torch_etcd_v3 import client as v3
 
+from elastic_worker import timings
 from elastic_worker.keystore.interface import (
-    DEFAULT_TIMEOUT,
     CompareFailed,
     Entry,
     EtcdError,
@@ -30,6 +30,7 @@ from elastic_worker.keystore.interface import (
     NoApi,
     NodeExists,
     Unavailable,
+    Write,
     tls_refusal,
 )
 from elastic_worker.settings.config import Config, ConfigError
@@ -37,7 +38,7 @@ from elastic_worker.settings.config import Config, ConfigError
 T = TypeVar("T")
 
 
-class Client:
+class Client(KeyStore):
     """One etcd; thread-safe (EtcdClient opens a connection per request)."""
 
     api = "v3"
@@ -88,15 +89,8 @@ class Client:
             self._leases[key] = (lease, ttl)
         return lease
 
-    def set(
-        self,
-        key: str,
-        value: str,
-        *,
-        ttl: int | None = None,
-        prev_exist: bool | None = None,
-        prev_value: str | None = None,
-    ) -> object:
+    def _write(self, key: str, value: str, how: Write) -> object:
+        ttl, prev_exist, prev_value = how.ttl, how.prev_exist, how.prev_value
         raw = key.encode()
         lease = self._lease(key, ttl) if ttl else 0
         if not ttl:
@@ -201,7 +195,7 @@ class Client:
             return ""
 
 
-def connect(config: Config, timeout: float = DEFAULT_TIMEOUT) -> Client:
+def connect(config: Config, timeout: float = timings.ETCD_TIMEOUT) -> Client:
     """The v3 client for the job's etcd. TLS as the worker's v2 client builds it (the same
     rdzv-conf keys, read the same way, with the worker's error lines); user and
     password_file as torch_etcd_v3 reads them, after the whole rdzv-conf is checked by

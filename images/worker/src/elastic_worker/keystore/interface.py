@@ -1,4 +1,4 @@
-"""The project's own etcd keys (completion marker, epoch, members, round liveness) through
+"""The project's own etcd keys (completion marker, generation, members, round keys) through
 one interface, on the API of the job's rendezvous backend: etcdv2.Client (etcd's v2 keys
 API, TTLs) for etcd-v2, etcdv3.Client (the v3 API, leases) for etcd-v3.
 
@@ -10,13 +10,12 @@ direct children of a "directory" (a key prefix ending in "/" on v3).
 from __future__ import annotations
 
 import ssl
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol
 
+from elastic_worker import timings
 from elastic_worker.settings.config import Config
 from elastic_worker.settings.schema import V3_BACKENDS
-
-DEFAULT_TIMEOUT = 5.0
 
 
 class EtcdError(Exception):
@@ -92,18 +91,28 @@ def tls_refusal(reason: object) -> TlsRefused | None:
     return None
 
 
-class KeyStore(Protocol):
-    """What the worker does with its own keys. Every call is bounded by the client's
-    timeout and raises EtcdError (or a subclass above) on failure."""
+@dataclass(frozen=True)
+class Write:
+    """How a key is written: gone `ttl` seconds after the write when given; `prev_exist` /
+    `prev_value` make it a compare-and-swap."""
+
+    ttl: int | None = None
+    prev_exist: bool | None = None
+    prev_value: str | None = None
+
+
+class KeyStore(ABC):
+    """What the worker does with its own keys, on either API. Every call is bounded by the
+    client's timeout and raises EtcdError (or a subclass above) on failure."""
 
     #: http(s)://host:port of the etcd, for messages.
     base_url: str
     #: The etcd API spoken, "v2" or "v3", for messages.
     api: str
 
+    @abstractmethod
     def get_value(self, key: str) -> str | None:
         """The key's value, or None when it does not exist."""
-        ...
 
     def set(
         self,
@@ -117,32 +126,36 @@ class KeyStore(Protocol):
         """Write a key, gone `ttl` seconds after its last write when given; `prev_exist`
         / `prev_value` make it a compare-and-swap (NodeExists, KeyNotFound or
         CompareFailed when the comparison fails)."""
-        ...
+        return self._write(key, value, Write(ttl, prev_exist, prev_value))
 
+    @abstractmethod
+    def _write(self, key: str, value: str, how: Write) -> object:
+        """set(), on this API."""
+
+    @abstractmethod
     def delete(self, key: str, *, prev_value: str | None = None) -> None:
         """Remove the key; a key already gone is no error. `prev_value`: only while it
         holds that value (CompareFailed when it holds another)."""
-        ...
 
+    @abstractmethod
     def list_dir(self, key: str) -> list[Entry]:
         """The direct children of a directory; empty when it does not exist."""
-        ...
 
+    @abstractmethod
     def check_api(self) -> None:
         """Raise NoApi, TlsRefused or Unavailable unless the backend's API answers."""
-        ...
 
+    @abstractmethod
     def server_version(self) -> str:
         """etcd's version, e.g. '3.6.0', or '' when it cannot be read."""
-        ...
 
+    @abstractmethod
     def with_timeout(self, timeout: float) -> KeyStore:
         """A client for the same etcd, TLS and credentials with another request timeout
         (a thread that must not wait on another's slow request gets its own)."""
-        ...
 
 
-def connect(config: Config, timeout: float = DEFAULT_TIMEOUT) -> KeyStore:
+def connect(config: Config, timeout: float = timings.ETCD_TIMEOUT) -> KeyStore:
     """The worker's client for the job's etcd, on the API of config.rdzv_backend, with
     the TLS (and, on v3, the credentials) torch's handler is given. Raises
     config.ConfigError when a TLS file or the rdzv-conf cannot be used."""

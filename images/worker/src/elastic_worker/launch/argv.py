@@ -11,8 +11,8 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from elastic_worker import bundle
+from elastic_worker.attempt_line import ATTEMPT_ARGV0, attempt_script
 from elastic_worker.gate.netif import Choice
-from elastic_worker.launch.attempt_line import ATTEMPT_ARGV0, attempt_script
 from elastic_worker.launch.torchrun import argv_prefix
 from elastic_worker.settings.config import Config
 from elastic_worker.warm.protocol import warm_command
@@ -67,21 +67,6 @@ def rdzv_conf_arg(pairs: Sequence[tuple[str, str]]) -> str:
     return ",".join(f"{key}={value}" for key, value in pairs)
 
 
-def local_address(config: Config, choice: Choice | None, mesh: bool) -> str | None:
-    """What the other nodes use to reach this one (rank 0's store, MASTER_ADDR).
-
-    ELASTIC_LOCAL_ADDR, else the mesh interface's address when the mesh was chosen,
-    else POD_IP, else the chosen interface's address; None lets torchrun use the FQDN.
-    """
-    if config.local_addr:
-        return config.local_addr
-    if mesh and choice is not None and choice.address:
-        return choice.address
-    if config.pod_ip:
-        return config.pod_ip
-    return choice.address if choice is not None and choice.address else None
-
-
 def build_argv(
     config: Config,
     local_addr: str | None,
@@ -93,7 +78,7 @@ def build_argv(
     report: str | None = None,
 ) -> list[str]:
     """torchrun's command line (torch's, through torchrun.py for the exit barrier's
-    timeout); `rdzv_id` defaults to the job id (epoch 0, epoch.py), `pwd` is PWD in
+    timeout); `rdzv_id` defaults to the job id (generation 0), `pwd` is PWD in
     torchrun's environment (attempt_script), `warm_socket` the warm server's (warm.py),
     if one runs, `report` where torchrun tells when its workers succeeded."""
     argv = [
@@ -128,9 +113,9 @@ def build_env(
         default("NCCL_SOCKET_IFNAME", choice.nccl)
         default("GLOO_SOCKET_IFNAME", choice.gloo)
     default("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(shutdown_timeout(config.grace_period)))
-    # Recovery (docs/recovery.md): with the agent's shared TCPStore, restarted workers
-    # read the previous attempt's gloo addresses (connection refused) and a survivor
-    # keeps the dead rank 0's store address (init_process_group hangs). Off: each
+    # With the agent's shared TCPStore (docs/notes/2026-11-21-torch-rendezvous-settings.md),
+    # restarted workers read the previous attempt's gloo addresses (connection refused) and
+    # a survivor keeps the dead rank 0's store address (init_process_group hangs). Off: each
     # round's rank 0 worker hosts a fresh store on a port published for that round.
     default("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     default("PYTHONUNBUFFERED", "1")

@@ -9,11 +9,11 @@ for either, so elastic-worker stays as PID 1, starts torchrun in its own session
 SIGHUP and SIGQUIT to it, and exits with its code. torchrun itself forwards the signal
 to the training processes and waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT for them, which is
 set below the pod's grace period so the whole tree ends before the kubelet's SIGKILL.
-What each end means for the job is completion.py's; leaving the round at a signal is
-recovery/leave.py's. Once its workers succeeded, torchrun waits in torch's exit barrier
-for the other nodes' (ExitBarrier says for whom). A torchrun stuck waiting for a lost node
-of its round (recovery/stuckround.py) is stopped with `restart()`, and torchruns.py starts
-another.
+What each end means for the job is completion.py's; what a signal or a lost node means
+for the round is the node-loss policy's (recovery/policy.py), told through `Hooks`. Once
+its workers succeeded, torchrun waits in torch's exit barrier for the other nodes'
+(ExitBarrier says for whom). A torchrun stuck waiting for a lost node of its round is
+stopped with `relaunch()`, and torchruns.py launches another.
 """
 
 from __future__ import annotations
@@ -27,29 +27,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from elastic_worker import exits
+from elastic_worker import exits, timings
 from elastic_worker.completion import Completion
 from elastic_worker.launch import torchrun
 from elastic_worker.launch.argv import shutdown_timeout
-from elastic_worker.recovery.leave import Leaving
 from elastic_worker.settings.config import Config
-
-if TYPE_CHECKING:
-    from elastic_worker.recovery.fence import Fence
 
 logger = logging.getLogger(__name__)
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-COMPLETION_POLL = 2.0  # seconds between checks of the marker while torchrun runs
-COMPLETION_GRACE = 15.0  # torchrun's time to end by itself once the job is complete
-#: A stuck torchrun's time to end after SIGTERM (it has no workers: it ends at once).
-RESTART_GRACE = 10.0
-# Seconds in torch's exit barrier before elastic-worker says whom it waits for: nodes
-# that finish together pass it within a second, and say nothing.
-EXIT_BARRIER_SAY = 2.0
-EXIT_BARRIER_ASK = 2.0  # seconds between reads of who has not finished, while waiting
 
 
 def teardown_bound(exit_barrier_timeout: float) -> float:
@@ -64,10 +52,31 @@ def teardown_bound(exit_barrier_timeout: float) -> float:
 Unfinished = Callable[[], "list[str] | None"]
 
 
+class Hooks(Protocol):
+    """What the node-loss policy (recovery/policy.py) says about one torchrun."""
+
+    def held(self) -> bool:
+        """This pod must not act on the job (it may have been replaced): a signal then
+        kills torchrun's group without a word to the round."""
+        ...
+
+    def replaced(self) -> bool:
+        """A newer incarnation replaced this pod: torchrun's exit means nothing to the job."""
+        ...
+
+    def signalled(self, pid: int) -> None:
+        """The pod was told to stop and torchrun `pid` has the signal."""
+        ...
+
+    def exited(self, pid: int) -> None:
+        """torchrun `pid`, told to stop or relaunched, has exited."""
+        ...
+
+
 class ExitBarrier:
     """This node's torchrun after its workers succeeded: waiting in torch's exit barrier
     until the other nodes' have too (or `timeout`). torchrun tells when it entered
-    (torchrun.py, `report`); once it has waited EXIT_BARRIER_SAY s, this says so and whom
+    (torchrun.py, `report`); once it has waited timings.EXIT_BARRIER_SAY s, this says so and whom
     it waits for (`unfinished`, the round's members whose processes still run), again
     when that changes (not when nobody is left: torch's barrier is then completing), and how
     it ended. `notify` hears the same (metrics, Events)."""
@@ -100,9 +109,9 @@ class ExitBarrier:
             except OSError:
                 return
             self.entered = now
-        if now - self.entered < EXIT_BARRIER_SAY or now < self._next_ask:
+        if now - self.entered < timings.EXIT_BARRIER_SAY or now < self._next_ask:
             return
-        self._next_ask = now + EXIT_BARRIER_ASK
+        self._next_ask = now + timings.EXIT_BARRIER_ASK
         names = self._ask()
         if names == [] or (self.said and names == self.waiting_for):
             return  # every other node has finished (torch's barrier is completing), or as said
@@ -151,8 +160,8 @@ def _whom(names: list[str] | None) -> str:
 
 
 class Supervisor:
-    """Runs torchrun, forwards signals, watches the completion marker. `leaving`: this
-    torchrun's node leaves its round when the pod is told to stop (None: it does not)."""
+    """Runs torchrun, forwards signals, watches the completion marker; `hooks` hears what
+    the node-loss policy must know (None: nothing)."""
 
     def __init__(
         self,
@@ -161,10 +170,9 @@ class Supervisor:
         config: Config,
         completion: Completion,
         *,
-        completion_poll: float = COMPLETION_POLL,
-        completion_grace: float = COMPLETION_GRACE,
-        leaving: Leaving | None = None,
-        fence: Fence | None = None,
+        completion_poll: float = timings.COMPLETION_POLL,
+        completion_grace: float = timings.COMPLETION_GRACE,
+        hooks: Hooks | None = None,
         exit_barrier: ExitBarrier | None = None,
     ) -> None:
         self.argv = list(argv)
@@ -175,12 +183,11 @@ class Supervisor:
         self.completion = completion
         self.completion_poll = completion_poll
         self.completion_grace = completion_grace
-        self.leaving = leaving
-        self.fence = fence  # this incarnation's (recovery/fence.py)
+        self.hooks = hooks
         self.proc: subprocess.Popen[bytes] | None = None
         self.signalled: int | None = None
-        #: when restart() stopped this torchrun (time.monotonic()); the pod starts another
-        self.restarted: float | None = None
+        #: when relaunch() stopped this torchrun (time.monotonic()); the pod launches another
+        self.relaunched: float | None = None
         self._lock = threading.Lock()
 
     def forward(self, signum: int) -> None:
@@ -189,35 +196,34 @@ class Supervisor:
             self.signalled = signum
             proc = self.proc
         if proc is not None and proc.poll() is None:
-            if self.fence is not None and self.fence.holding:
-                # Replaced, or held while it asks: its torchrun ends without a word to the job.
+            if self.hooks is not None and self.hooks.held():
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 return
             logger.info("forwarding %s to torchrun (pid %d)", signal.Signals(signum).name, proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signum)
-            if self.leaving is not None:
-                self.leaving.at_signal(proc.pid)
+            if self.hooks is not None:
+                self.hooks.signalled(proc.pid)
 
-    def restart(self, reason: str) -> bool:
-        """Stop this torchrun so that the pod starts another in the same rendezvous: it is
-        stuck in a round that lost a node (`reason`, recovery/stuckround.py). SIGTERM:
-        torch ends its agent without closing the rendezvous (launch_agent: a signal), and
-        its node leaves the round as at any SIGTERM, so the next round forms at once.
-        False, and nothing done, when the pod is stopping or torchrun has ended."""
+    def relaunch(self, reason: str) -> bool:
+        """Stop this torchrun so that the pod launches another in the same rendezvous: it is
+        stuck in a round that lost a node (`reason`). SIGTERM: torch ends its agent without
+        closing the rendezvous (launch_agent: a signal), and its node leaves the round as at
+        any SIGTERM (`hooks`), so the next round forms at once. False, and nothing done,
+        when the pod is stopping or torchrun has ended."""
         with self._lock:
             proc = self.proc
-            if self.signalled is not None or self.restarted is not None or proc is None:
+            if self.signalled is not None or self.relaunched is not None or proc is None:
                 return False
             if proc.poll() is not None:
                 return False
-            self.restarted = time.monotonic()
-        logger.warning("torchrun (pid %d) is stuck: %s: starting it again", proc.pid, reason)
+            self.relaunched = time.monotonic()
+        logger.warning("torchrun (pid %d) is stuck: %s: launching it again", proc.pid, reason)
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGTERM)
-        if self.leaving is not None:
-            self.leaving.at_signal(proc.pid)
+        if self.hooks is not None:
+            self.hooks.signalled(proc.pid)
         return True
 
     def _stop_torchrun(self) -> None:
@@ -243,7 +249,7 @@ class Supervisor:
         proc = self.proc
         complete_since: float | None = None
         next_check = time.monotonic() + self.completion_poll
-        killed = False  # after restart(), once torchrun outlived RESTART_GRACE
+        killed = False  # after relaunch(), once torchrun outlived RELAUNCH_GRACE
         while True:
             try:
                 returncode = proc.wait(timeout=0.5)
@@ -253,10 +259,12 @@ class Supervisor:
             now = time.monotonic()
             if self.exit_barrier is not None:
                 self.exit_barrier.poll()
-            restarted = self.restarted
-            if restarted is not None and now - restarted >= RESTART_GRACE and not killed:
+            relaunched = self.relaunched
+            if relaunched is not None and now - relaunched >= timings.RELAUNCH_GRACE and not killed:
                 killed = True
-                logger.warning("torchrun did not stop within %g s: killing it", RESTART_GRACE)
+                logger.warning(
+                    "torchrun did not stop within %g s: killing it", timings.RELAUNCH_GRACE
+                )
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
             if complete_since is None and now >= next_check and self.signalled is None:
@@ -279,16 +287,16 @@ class Supervisor:
         return self._after_exit(returncode, complete_since is not None)
 
     def _after_exit(self, returncode: int, seen_complete: bool) -> int:
-        if self.fence is not None and self.fence.fenced.is_set():
-            return exits.from_returncode(returncode)  # replaced: nothing of the job's to do
+        if self.hooks is not None and self.hooks.replaced():
+            return exits.from_returncode(returncode)  # nothing of the job's to do
         if returncode == 0:
             self.completion.after_success()
             return 0
         code = exits.from_returncode(returncode)
-        if self.restarted is not None and self.signalled is None:
-            logger.info("torchrun stopped (exit %d): starting another", returncode)
-            if self.leaving is not None and self.proc is not None:
-                self.leaving.after_exit(self.proc.pid)
+        if self.relaunched is not None and self.signalled is None:
+            logger.info("torchrun stopped (exit %d): launching another", returncode)
+            if self.hooks is not None and self.proc is not None:
+                self.hooks.exited(self.proc.pid)
             return code
         if self.signalled is None:
             return self.completion.after_failure(code, seen_complete)
@@ -304,6 +312,6 @@ class Supervisor:
             )
             return 0
         logger.info("torchrun exited with %d after %s", code, name)
-        if self.leaving is not None and self.proc is not None:
-            self.leaving.after_exit(self.proc.pid)
+        if self.hooks is not None and self.proc is not None:
+            self.hooks.exited(self.proc.pid)
         return code

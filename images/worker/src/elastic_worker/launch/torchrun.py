@@ -1,5 +1,5 @@
 """torch's torchrun, with the job's exit barrier timeout, telling elastic-worker when its
-workers succeeded (docs/recovery.md, "The end of a job").
+workers succeeded (docs/notes/2026-11-27-end-of-job.md).
 
 When a node's training processes have all exited 0, its torchrun waits in torch's exit
 barrier until every other node's have too, or a timeout passes; only then does it exit

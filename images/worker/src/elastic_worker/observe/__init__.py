@@ -4,6 +4,5 @@ metrics.py    Prometheus metrics and the pod's state machine (Tracker)
 attempts.py   torchrun's attempts and the script's progress, followed for the metrics
 snapshots.py  a script's snapshot lines (restored=, saved=): for the log, the metrics and
               the loss detection
-events.py     Kubernetes Events on the pod and its StatefulSet
-kubeapi.py    the few requests to the API server (standard library only)
+events.py     Kubernetes Events on the pod and its StatefulSet, and their reasons
 """

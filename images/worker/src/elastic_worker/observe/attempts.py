@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from elastic_worker.launch.attempt_line import ATTEMPT_LOG_ENV, Tail, parse_attempt, process_alive
+from elastic_worker import timings
+from elastic_worker.attempt_line import ATTEMPT_LOG_ENV, Tail, parse_attempt, process_alive
 from elastic_worker.observe import snapshots
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PROGRESS_FILE_ENV = "ELASTIC_PROGRESS_FILE"
-INTERVAL = 0.5  # seconds between reads; a re-form takes seconds (docs/recovery.md)
 MEMBERS_EVERY = 10  # intervals between counts of the registered members
 
 
@@ -42,7 +42,7 @@ class AttemptFollower:
         self,
         tracker: Tracker | None,
         members: Callable[[], int] | None = None,
-        interval: float = INTERVAL,
+        interval: float = timings.ATTEMPTS_POLL,
         *,
         progress_file: Path | None = None,
     ) -> None:

@@ -6,17 +6,9 @@ each Event with a short timeout; a refusal or an unreachable API server costs th
 and one log line (the first 403 says which RBAC grant is missing, then the recorder stops
 trying). `close` gives what is queued a bounded time to go out before the pod exits.
 
-The reasons (docs/contracts.md, "Events"):
-
-    GateTimeout          Warning  the readiness gate gave up
-    Reformed             Normal   re-formed at world size N (round R) after S s
-    SpareJoined          Normal   a pod that waited as a spare joined a round
-    WaitingAsSpare       Normal   the round is full: this pod waits as a spare
-    LeftOnSignal         Normal   SIGTERM: training stopped (checkpointed) and the pod left
-    JobCompleted         Normal   training succeeded (on the StatefulSet: once per job)
-    RendezvousReopened   Warning  torch closed the rendezvous early; a fresh one is joined
-    PeerGone             Warning  a peer's processes died: this pod took its node out of the round
-    TorchrunRestarted    Warning  torchrun waited for a node that left its new round: started again
+Every reason the worker records is a `Reason` below, in REASONS: its name, type, the
+objects it is recorded on and when. docs/contracts.md's Events table is checked against it
+(tests/worker/observe/test_events.py).
 """
 
 from __future__ import annotations
@@ -29,17 +21,80 @@ import urllib.error
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from elastic_worker.observe import kubeapi
+from elastic_worker import kubeapi, timings
 from elastic_worker.settings.config import Config, ConfigError, KubeApi, read_statefulsets
 
 logger = logging.getLogger(__name__)
 
 COMPONENT = "elastic-worker"
-TIMEOUT = 3.0  # seconds per POST: an Event is worth less than a stalled worker
-CLOSE_WAIT = 3.0  # seconds `close` waits for queued Events
 
 NORMAL = "Normal"
 WARNING = "Warning"
+POD = "pod"
+STATEFULSET = "StatefulSet"
+
+
+@dataclass(frozen=True)
+class Reason:
+    """An Event's reason: `name`, its `type` (Normal or Warning), the objects it is
+    recorded on (`on`) and `when`, as docs/contracts.md says it."""
+
+    name: str
+    type: str
+    on: tuple[str, ...]
+    when: str
+
+
+GATE_TIMEOUT = Reason("GateTimeout", WARNING, (POD,), "the readiness gate gave up (exit 3)")
+REFORMED = Reason("Reformed", NORMAL, (POD,), "a round after this pod's first")
+WAITING_AS_SPARE = Reason(
+    "WaitingAsSpare", NORMAL, (POD,), "more pods registered than job.maxNodes: this one waits"
+)
+SPARE_JOINED = Reason("SpareJoined", NORMAL, (POD,), "a pod that waited as a spare joined a round")
+LEFT_ON_SIGNAL = Reason(
+    "LeftOnSignal", NORMAL, (POD,), "SIGTERM: training stopped at its checkpoint, the pod left"
+)
+JOB_COMPLETED = Reason("JobCompleted", NORMAL, (POD, STATEFULSET), "training succeeded")
+RENDEZVOUS_REOPENED = Reason(
+    "RendezvousReopened",
+    WARNING,
+    (STATEFULSET,),
+    "torch closed the rendezvous early: the pods join the next generation",
+)
+STATE_RESTORED = Reason(
+    "StateRestored", NORMAL, (POD,), "a script that keeps snapshots loaded its state"
+)
+PEER_GONE = Reason(
+    "PeerGone", WARNING, (POD,), "a peer's torchrun is gone: this pod took its node out"
+)
+EXIT_BARRIER = Reason(
+    "ExitBarrier", NORMAL, (POD,), "this pod's training exited 0; torchrun waits for the others"
+)
+TORCHRUN_RELAUNCHED = Reason(
+    "TorchrunRelaunched",
+    WARNING,
+    (POD,),
+    "torchrun waited for a node that left its just-completed round: launched again",
+)
+PEER_RECLAIMED = Reason(
+    "PeerReclaimed", WARNING, (POD,), "a lost peer's node stayed NotReady: its pod was deleted"
+)
+
+#: Every reason the worker records.
+REASONS: tuple[Reason, ...] = (
+    GATE_TIMEOUT,
+    REFORMED,
+    WAITING_AS_SPARE,
+    SPARE_JOINED,
+    LEFT_ON_SIGNAL,
+    JOB_COMPLETED,
+    RENDEZVOUS_REOPENED,
+    STATE_RESTORED,
+    PEER_GONE,
+    EXIT_BARRIER,
+    TORCHRUN_RELAUNCHED,
+    PEER_RECLAIMED,
+)
 
 
 @dataclass(frozen=True)
@@ -99,7 +154,7 @@ class Recorder:
         statefulset: Target | None = None,
         *,
         node: str = "",
-        timeout: float = TIMEOUT,
+        timeout: float = timings.EVENT_POST_TIMEOUT,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -119,21 +174,21 @@ class Recorder:
     def enabled(self) -> bool:
         return self.api is not None and self.pod is not None and bool(self.namespace)
 
-    def record(self, reason: str, message: str, kind: str = NORMAL, *, job: bool = False) -> None:
+    def record(self, reason: Reason, message: str, *, job: bool = False) -> None:
         """Queue an Event on the pod, or with `job` on its StatefulSet (else the pod)."""
         target = self.statefulset if job and self.statefulset is not None else self.pod
         if not self.enabled or target is None or self._forbidden:
             return
         pod = self.pod.name if self.pod else ""
         body = event_body(
-            target, self.namespace, reason, message, kind=kind, pod=pod, node=self.node
+            target, self.namespace, reason.name, message, kind=reason.type, pod=pod, node=self.node
         )
         self._queue.put(body)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="events", daemon=True)
             self._thread.start()
 
-    def close(self, wait: float = CLOSE_WAIT) -> None:
+    def close(self, wait: float = timings.EVENTS_CLOSE_WAIT) -> None:
         """Let queued Events go out for at most `wait` seconds."""
         if self._thread is None:
             return

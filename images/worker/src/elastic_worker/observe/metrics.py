@@ -29,7 +29,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import start_http_server
 
-from elastic_worker.launch.attempt_line import AttemptLine
+from elastic_worker.attempt_line import AttemptLine
+from elastic_worker.observe import events
 from elastic_worker.observe.snapshots import Restored
 
 LABELS = ("elastic_job", "group")
@@ -42,8 +43,8 @@ STATES = (
     "completed",
     "failed",
 )
-# Re-form durations: the measured floor is ~5 s (docs/recovery.md); torch's defaults
-# take ~50 s; a stuck rendezvous runs into the join timeout (600 s).
+# Re-form durations: seconds with the chart's defaults (docs/benchmarks.md), about a
+# minute with torch's; a stuck rendezvous runs into the join timeout (600 s).
 REFORM_BUCKETS = (1, 2.5, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600)
 # Steps lost per re-form: 0 or 1 from memory (packages/elastic-snapshot), up to a
 # checkpoint interval (tens to thousands of steps) from the checkpoint.
@@ -221,8 +222,8 @@ def parse_progress(line: str) -> int | None:
     return None
 
 
-#: notify(reason, message, type): what the pod's Events say (events.Recorder.record).
-Notify = Callable[[str, str, str], None]
+#: notify(reason, message): what the pod's Events say (events.Recorder.record).
+Notify = Callable[[events.Reason, str], None]
 
 
 class Tracker:
@@ -285,10 +286,9 @@ class Tracker:
         spare = self.members is not None and self.members > self.max_nodes
         if spare and self.state != "spare" and self.notify is not None:
             self.notify(
-                "WaitingAsSpare",
+                events.WAITING_AS_SPARE,
                 f"{self.members} pods registered and a round holds at most {self.max_nodes}: "
                 "waiting as a spare for the next re-form",
-                "Normal",
             )
         self._set("spare" if spare else "waiting_rendezvous")
 
@@ -315,17 +315,15 @@ class Tracker:
                     took = f" after {max(0.0, now - self.ended_at):.1f} s"
                 if self.notify is not None:
                     self.notify(
-                        "Reformed",
+                        events.REFORMED,
                         f"re-formed at world size {attempt.nodes}{took} (round {self.rounds}, "
                         f"group rank {attempt.group_rank})",
-                        "Normal",
                     )
             if was_spare and self.notify is not None:
                 self.notify(
-                    "SpareJoined",
+                    events.SPARE_JOINED,
                     f"joined round {self.rounds} at world size {attempt.nodes} after waiting "
                     "as a spare",
-                    "Normal",
                 )
             self.ended_at = None
             # TORCHELASTIC_RESTART_COUNT counts failures within one torchrun (run_id).
@@ -378,10 +376,9 @@ class Tracker:
         if self.notify is not None:
             lost = "unknown" if event.lost is None else str(event.lost)
             self.notify(
-                "StateRestored",
+                events.STATE_RESTORED,
                 f"training state restored at step {event.step} from {event.source} "
                 f"({lost} steps lost)",
-                "Normal",
             )
 
     def exit_barrier(self, waiting: int | None) -> None:

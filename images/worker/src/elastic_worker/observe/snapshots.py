@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from elastic_worker import timings
+
 SOURCES = ("peer-memory", "local-memory", "checkpoint", "none")
 
 
@@ -60,16 +62,11 @@ def parse(line: str) -> Restored | Saved | None:
     return None
 
 
-#: Seconds between two reads of the progress file while a save is awaited (the reader's own
-#: interval is 0.5 s: a silent loss's SIGKILL waited up to that long after the save).
-AWAIT_READ_EVERY = 0.02
-
-
 class Saves:
     """What this torchrun's training processes said of their snapshots (filled by the
     progress file's reader): whether the script keeps them, and how many saves so far.
     `read`, when given, reads the progress file now (the reader's poll): wait_saved calls it
-    every AWAIT_READ_EVERY s."""
+    every SAVE_AWAIT_POLL (timings.py)."""
 
     def __init__(self, read: Callable[[], None] | None = None) -> None:
         self._cond = threading.Condition()
@@ -97,5 +94,5 @@ class Saves:
                 left = deadline - time.monotonic()
                 if self.saved > after or left <= 0:
                     return self.saved > after
-                every = AWAIT_READ_EVERY if self._read is not None else left
+                every = timings.SAVE_AWAIT_POLL if self._read is not None else left
                 self._cond.wait(min(left, every))

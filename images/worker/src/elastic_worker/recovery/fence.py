@@ -36,15 +36,12 @@ import urllib.error
 from collections.abc import Callable
 from enum import Enum
 
-from elastic_worker.gate.members import MEMBER_TTL, Member, Registration
+from elastic_worker import kubeapi, timings
+from elastic_worker.gate.members import Member, Registration
 from elastic_worker.keystore import interface as kvstore
-from elastic_worker.observe import kubeapi
 from elastic_worker.settings.config import Config
 
 logger = logging.getLogger(__name__)
-
-API_TIMEOUT = 5.0
-CONFIRMED_FOR = 5.0  # seconds a "this pod" answer stands before the next sign asks again
 
 
 class Who(Enum):
@@ -65,12 +62,15 @@ class Fence:
         client: kvstore.KeyStore,
         registration: Registration | None,
         torchrun: Callable[[], int | None],
+        *,
+        fenced: threading.Event | None = None,
     ) -> None:
         self.config = config
         self.client = client
         self.registration = registration
         self.torchrun = torchrun
-        self.fenced = threading.Event()  # replaced: nothing of this pod acts any more
+        #: Replaced: nothing of this pod acts any more (`fenced`: an event the pod shares).
+        self.fenced = fenced if fenced is not None else threading.Event()
         self._stopped: int | None = None  # torchrun's group, while stopped
         self._confirmed = 0.0  # monotonic time of the last "this pod"
         self._lock = threading.Lock()
@@ -87,7 +87,10 @@ class Fence:
         with self._lock:
             if self.fenced.is_set():
                 return False
-            if time.monotonic() - self._confirmed < CONFIRMED_FOR and self._stopped is None:
+            if (
+                time.monotonic() - self._confirmed < timings.FENCE_CONFIRMED_FOR
+                and self._stopped is None
+            ):
                 return True
             self._stop_torchrun(why)
             who, detail = self.who()
@@ -121,7 +124,7 @@ class Fence:
             return None
         path = f"/api/v1/namespaces/{cfg.pod_namespace}/pods/{cfg.pod_name}"
         try:
-            pod = kubeapi.request(api, "GET", path, timeout=API_TIMEOUT)
+            pod = kubeapi.request(api, "GET", path, timeout=timings.FENCE_API_TIMEOUT)
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return Who.REPLACED, f"pod {cfg.pod_name} is gone from the API server"
@@ -144,7 +147,7 @@ class Fence:
             value = self.client.get_value(reg.key)
             if value is None:
                 try:  # lapsed: this pod's again, unless a newer incarnation takes it first
-                    self.client.set(reg.key, reg.value, ttl=MEMBER_TTL, prev_exist=False)
+                    self.client.set(reg.key, reg.value, ttl=timings.MEMBER_TTL, prev_exist=False)
                     return Who.THIS, "its member key had lapsed and is this pod's again"
                 except kvstore.NodeExists:
                     value = self.client.get_value(reg.key)

@@ -1,5 +1,5 @@
 """Silent-loss detection: the members of the running round keep short-lived keys in
-etcd; when one lapses, the survivors stop their training processes at once.
+etcd; when one lapses, the node-loss policy (policy.py) hears of it.
 
 A node that vanishes without resetting its sockets (link cut, frozen VM, kernel panic)
 leaves the others blocked inside a collective until the script's process-group timeout
@@ -10,33 +10,24 @@ blocked. So, beside torchrun (docs/contracts.md, "Round liveness"):
   MASTER_ADDR:MASTER_PORT (torch's documented worker environment; the round's rank 0
   agent picks a free port for every round), read from the environment of the program
   the attempt shim started (its attempt line gives the PID).
-- While this pod's attempt runs, <prefix>/rounds/<round>/<pod> holds `alive` with a TTL
-  of TTL s, refreshed every REFRESH s. When the attempt ends or the worker stops it is
-  rewritten `left` (a clean leave: nobody reacts), and expires after LEFT_TTL s.
-  A member acts only while its own key is there, and the round's `.round` marker (written
-  once, without a TTL) tells a lapse from etcd losing its data (a new etcd pod: every
-  key gone at once; nobody is stopped and the keys are written again).
-- Every POLL s the round's directory is read. A member seen `alive` whose key is gone
-  has lapsed (its pod stopped refreshing: cut off, frozen, killed), so this pod SIGKILLs
-  its attempt's program: torchrun sees a failed worker, stops the others, uses one
-  restart and rendezvouses; the lost node's torch keep-alive (1 s x 3) has expired by
-  then, so the new round closes without it.
-- This pod's own key found lapsed when it refreshes, the marker unchanged (it was cut
-  off for longer than TTL and the others went on without it), stops its own
-  attempt too: it rejoins at the next re-form instead of waiting in a dead collective.
-  Before that it asks whether it is still the pod (recovery/fence.py): its node may have
-  been lost and its pod made again elsewhere. It asks as soon as no refresh has
-  succeeded for TTL s by the local clock, so a process that was frozen asks the moment
-  it runs again, before its torchrun can act.
-- A lapsed member is passed to `on_lost` with the round's survivors, and the members seen
-  alive at each read to `on_alive` (recovery/reclaim.py).
-- A script that keeps snapshots (it said `restored=` in the progress file:
-  observe/snapshots.py) is stopped with SIGTERM instead, so that it saves its last step to
-  the node's memory (from a thread: its main thread is blocked in the dead collective), and
-  SIGKILLed once it said `saved=`, or after `stop_grace` s (TORCH_ELASTIC_SHUTDOWN_TIMEOUT's
-  value, what torchrun gives a worker after SIGTERM), if it has not exited by itself.
+- While this pod's attempt runs, <prefix>/rounds/<round>/<pod> holds `alive` with a TTL,
+  refreshed well within it (timings.py, ROUND_KEY_*). When the attempt ends or the worker
+  stops, it is rewritten `left` (a clean leave: nobody reacts) and expires later. The
+  round's `.round` marker (written once, without a TTL) tells a lapse from etcd losing its
+  data (a new etcd pod: every key gone at once; nobody is stopped, the keys come back).
+- The round's members are read every ROUND_POLL. A member seen `alive` whose key is gone
+  has lapsed (its pod stopped refreshing: cut off, frozen, killed): `peers_lapsed`. This
+  pod's own key found lapsed at a refresh, the marker unchanged, means the others went on
+  without it: `own_key_lapsed`; no refresh landed for the TTL by the local clock (a
+  process that was frozen notices the moment it runs again): `own_key_stale`. The members
+  seen alive at each read: `peers_alive`.
 
-Nothing is stopped once the job is complete: a member that finished is not lost.
+What is done about each is the policy's. The one action that lives here, because it needs
+what the detector knows of the attempt, is `stop_attempt`: SIGKILL of the attempt's
+program (torchrun sees a failed worker, stops the others and re-forms), or for a script
+that keeps snapshots (it said `restored=` in the progress file: observe/snapshots.py)
+SIGTERM, so that it saves its last step from a thread, then SIGKILL once it said `saved=`
+or after `stop_grace` (what torchrun gives a worker after SIGTERM).
 """
 
 from __future__ import annotations
@@ -44,35 +35,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from elastic_worker import completion
+from elastic_worker import timings
+from elastic_worker.attempt_line import Tail, parse_attempt, process_alive
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.launch import argv
-from elastic_worker.launch.attempt_line import Tail, ensure_log, parse_attempt, process_alive
 from elastic_worker.observe import snapshots
 from elastic_worker.settings.config import Config
 
-if TYPE_CHECKING:
-    from elastic_worker.recovery.fence import Fence
-
 logger = logging.getLogger(__name__)
 
-# TTL trades detection time against false evictions: a member is lost TTL s (+ etcd's
-# 0.5 s expiry tick) after its last refresh; a healthy one must refresh within TTL s
-# even on a saturated node (measured: scripts/soak-false-evictions, docs/recovery.md).
-TTL = 4  # seconds; etcd v2 TTLs and v3 lease TTLs are whole seconds
-REFRESH = 1.0  # seconds between refreshes: 3 missed refreshes before a lapse
-POLL = 0.5  # seconds between reads of the round's members and of the attempt log
-LEFT_TTL = 60  # seconds a `left` key stays: long enough for every member's next read
-REQUEST_TIMEOUT = 2.0  # one slow etcd request must not hold the next refresh long
 ALIVE, LEFT = "alive", "left"
 MARKER = ".round"  # not a pod name (those are DNS labels): the round's marker key
 
@@ -100,10 +79,32 @@ def round_of(run_id: str, pid: int) -> str | None:
     return name.replace("/", "_")
 
 
-class LossDetector:
-    """Keeps this pod's key for its current round and watches the round's other members.
+class Listener(Protocol):
+    """What the detector tells: the node-loss policy (policy.NodeLoss)."""
 
-    `attempt_log` is the file the attempt shim appends to (ELASTIC_ATTEMPT_LOG)."""
+    def held(self) -> bool:
+        """This pod must act on nobody now (it may be the one cut off)."""
+        ...
+
+    def own_key_stale(self, why: str) -> bool:
+        """No refresh of this pod's key landed for its TTL; False: refresh nothing now."""
+        ...
+
+    def own_key_lapsed(self, attempt: RoundAttempt, why: str) -> None: ...
+
+    def peers_lapsed(self, attempt: RoundAttempt, lapsed: list[str], survivors: set[str]) -> None:
+        """`lapsed` stopped renewing their keys in this pod's round; `survivors` did not."""
+        ...
+
+    def peers_alive(self, names: set[str]) -> None:
+        """The members seen alive in this pod's round, at each read."""
+        ...
+
+
+class LossDetector:
+    """Keeps this pod's key for its current round and watches the round's other members,
+    telling `listener` what it sees. `attempt_log` is the file the attempt shim appends to
+    (ELASTIC_ATTEMPT_LOG)."""
 
     def __init__(
         self,
@@ -111,20 +112,18 @@ class LossDetector:
         config: Config,
         attempt_log: Path,
         *,
-        ttl: int = TTL,
-        refresh: float = REFRESH,
-        poll: float = POLL,
-        fence: Fence | None = None,
-        on_lost: Callable[[list[str], set[str]], None] | None = None,
-        on_alive: Callable[[set[str]], None] | None = None,
+        ttl: int = timings.ROUND_KEY_TTL,
+        refresh: float = timings.ROUND_KEY_REFRESH,
+        poll: float = timings.ROUND_POLL,
+        listener: Listener,
         saves: snapshots.Saves | None = None,
         stop_grace: float = 30.0,
     ) -> None:
         self.saves = saves
         self.stop_grace = stop_grace
         # One client per thread, with a short timeout: a refresh never waits on a read.
-        self._writer = client.with_timeout(REQUEST_TIMEOUT)
-        self._reader = client.with_timeout(REQUEST_TIMEOUT)
+        self._writer = client.with_timeout(timings.ROUND_REQUEST_TIMEOUT)
+        self._reader = client.with_timeout(timings.ROUND_REQUEST_TIMEOUT)
         self.config = config
         self.dir = f"{config.key_prefix}/rounds"
         self.ttl, self.refresh, self.poll = ttl, refresh, poll
@@ -136,11 +135,10 @@ class LossDetector:
         self._marker: str | None = None  # that round's marker (_read_marker)
         self._watched: str | None = None  # the round `_seen` belongs to
         self._seen: set[str] = set()  # members seen alive in that round
-        self.fence = fence
-        self.on_lost = on_lost  # (lapsed members, the round's members still there)
-        self.on_alive = on_alive  # the round's members seen alive, at each read
+        self.listener = listener
+        #: Replaced by a newer incarnation: this pod's key is not rewritten at stop.
+        self.replaced: Callable[[], bool] = lambda: False
         self._last_ok: float | None = None  # monotonic: this pod's last refresh that landed
-        self.own_dir: Path | None = None  # a temporary directory to remove at stop
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -157,11 +155,9 @@ class LossDetector:
         """Stop both threads and leave the current round cleanly."""
         self._stop.set()
         for thread in self._threads:
-            thread.join(timeout=REQUEST_TIMEOUT * 2)
-        if self.fence is None or not self.fence.fenced.is_set():
+            thread.join(timeout=timings.ROUND_REQUEST_TIMEOUT * 2)
+        if not self.replaced():
             self._leave()
-        if self.own_dir is not None:
-            shutil.rmtree(self.own_dir, ignore_errors=True)
 
     def _refresh(self) -> None:
         while not self._stop.wait(self.refresh):
@@ -199,13 +195,13 @@ class LossDetector:
     def refresh_once(self) -> None:
         """Write or refresh this pod's key of the current round; leave a finished one."""
         age = self.stale()
-        if age is not None and self.fence is not None:
+        if age is not None:
             why = (
                 f"this pod's key {self.key(self._written or '')} has not been refreshed for "
                 f"{age:.0f} s (its TTL is {self.ttl} s: cut off or frozen)"
             )
-            if not self.fence.suspect(why):
-                return  # replaced, or not known yet: nothing of this pod acts
+            if not self.listener.own_key_stale(why):
+                return
             self._last_ok = time.monotonic()
         attempt = self.current()
         if self._written is not None and (attempt is None or attempt.round != self._written):
@@ -244,8 +240,8 @@ class LossDetector:
 
     def _lapsed(self, attempt: RoundAttempt) -> None:
         """This pod's key is gone. With the round's marker as it was, it lapsed: the
-        others went on without this pod, so its attempt is stopped. With the marker gone
-        or another one, etcd lost its data (a new etcd pod): the key is written again."""
+        others went on without this pod. With the marker gone or another one, etcd lost
+        its data (a new etcd pod): the key is written again."""
         try:
             marker = self._writer.get_value(f"{self.dir}/{attempt.round}/{MARKER}")
         except kvstore.EtcdError as exc:
@@ -255,20 +251,16 @@ class LossDetector:
         if self._marker is not None and marker != self._marker:
             logger.info("round %s is gone from etcd (a new etcd?): joining it again", attempt.round)
             return
-        if self.fence is not None and not self.fence.suspect(
-            f"this pod's key {self.key(attempt.round)} lapsed"
-        ):
-            return
-        self._stop_attempt(
+        self.listener.own_key_lapsed(
             attempt,
             f"this pod's key {self.key(attempt.round)} lapsed (cut off from etcd for more "
             f"than {self.ttl} s): the others have gone on without it",
         )
 
     def watch_once(self) -> None:
-        """One read of the current round's members; stop the attempt when one lapsed."""
-        if self.fence is not None and self.fence.holding:
-            return  # this pod may be the one cut off: it acts on nobody
+        """One read of the current round's members: the lapsed ones told."""
+        if self.listener.held():
+            return  # this pod may be the one cut off: it judges nobody
         attempt = self.current()
         if attempt is None or attempt.round != self._watched:
             self._watched = attempt.round if attempt is not None else None
@@ -283,27 +275,16 @@ class LossDetector:
         names = {n.key.rsplit("/", 1)[-1]: n.value for n in nodes}
         alive = {name for name, value in names.items() if value == ALIVE and name != MARKER}
         left = {name for name, value in names.items() if value == LEFT and name != MARKER}
-        if self.on_alive is not None:
-            self.on_alive(alive)
+        self.listener.peers_alive(alive)
         if self.config.pod_name not in alive:
             # This pod's own key is not there (not written yet, lapsed, or etcd lost its
             # data): nothing here says that another member is the one cut off.
             self._seen = set()
             return
         lapsed = sorted(self._seen - alive - left - {self.config.pod_name})
-        self._seen = (self._seen | alive) - left
-        if not lapsed:
-            return
-        if completion.complete_now(self._reader, self.config):
-            return
-        self._seen -= set(lapsed)
-        self._stop_attempt(
-            attempt,
-            f"{', '.join(lapsed)} of round {attempt.round} stopped renewing its key for "
-            f"{self.ttl} s (link cut, frozen or gone)",
-        )
-        if self.on_lost is not None:
-            self.on_lost(lapsed, alive - set(lapsed))
+        self._seen = (self._seen | alive) - left - set(lapsed)
+        if lapsed:
+            self.listener.peers_lapsed(attempt, lapsed, alive - set(lapsed))
 
     def unfinished(self) -> list[str] | None:
         """The other members of this pod's last round whose attempt still runs (their key
@@ -320,7 +301,8 @@ class LossDetector:
         mine = {MARKER, self.config.pod_name}
         return sorted(name for name, value in names.items() if value == ALIVE and name not in mine)
 
-    def _stop_attempt(self, attempt: RoundAttempt, why: str) -> None:
+    def stop_attempt(self, attempt: RoundAttempt, why: str) -> None:
+        """Stop `attempt`'s program so that torchrun re-forms now (see the module's doc)."""
         logger.warning(
             "silent loss: %s: stopping this pod's training process (pid %d) so that "
             "torchrun re-forms now (chart: rendezvous.lossDetection.enabled=false turns this off)",
@@ -362,39 +344,13 @@ class LossDetector:
         if written is None:
             return
         try:
-            self._writer.set(self.key(written), LEFT, ttl=LEFT_TTL, prev_exist=True)
+            self._writer.set(self.key(written), LEFT, ttl=timings.ROUND_LEFT_TTL, prev_exist=True)
         except kvstore.EtcdError as exc:  # lapsed already, or etcd away: it expires
             logger.debug("could not leave round %s: %s", written, exc)
 
 
-def start(
-    client: kvstore.KeyStore,
-    config: Config,
-    env: dict[str, str],
-    *,
-    fence: Fence | None = None,
-    on_lost: Callable[[list[str], set[str]], None] | None = None,
-    on_alive: Callable[[set[str]], None] | None = None,
-    saves: snapshots.Saves | None = None,
-) -> LossDetector:
-    """Start watching the rounds of torchrun run with `env`; sets the attempt log there
-    when the metrics' follower did not (both read the same file). `saves`: what the
-    progress file's reader heard of the script's snapshots."""
-    log, own_dir = ensure_log(env, "elastic-liveness-")
-    # What torchrun gives a worker after SIGTERM (the user may have set it).
-    stop_grace = float(
+def stop_grace(config: Config, env: dict[str, str]) -> float:
+    """What torchrun run with `env` gives a worker after SIGTERM (the user may have set it)."""
+    return float(
         env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", argv.shutdown_timeout(config.grace_period))
     )
-    detector = LossDetector(
-        client,
-        config,
-        log,
-        fence=fence,
-        on_lost=on_lost,
-        on_alive=on_alive,
-        saves=saves,
-        stop_grace=stop_grace,
-    )
-    detector.own_dir = own_dir
-    detector.start()
-    return detector

@@ -8,7 +8,7 @@ short. A worker that took that peer out of the round may end it:
 
 - one worker acts for each lost peer: the first survivor of the round after it in name
   order (`elect`), so a large job asks the API server once per lost pod, not once per pod;
-- it reads the peer's pod every POLL s (`get` on pods, by name): its node is NotReady when
+- it reads the peer's pod every RECLAIM_POLL (`get` on pods, by name): its node is NotReady when
   the pod's Ready condition is False while ContainersReady is True, which only the node
   lifecycle controller writes (MarkPodsNotReady; a kubelet sets both together). No
   cluster-scoped read of Nodes is needed; when this pod may read Nodes anyway (the cluster
@@ -19,7 +19,7 @@ short. A worker that took that peer out of the round may end it:
 - its StatefulSet then makes it again at once, on a node without the NotReady taints.
 
 The old pod may come back with its node before its kubelet stops it: recovery/fence.py
-keeps it out of the job. Nothing is deleted while this pod is itself held by its fence.
+keeps it out of the job. The node-loss policy (policy.py) says when this pod may act.
 """
 
 from __future__ import annotations
@@ -32,16 +32,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_worker.observe import events, kubeapi
+from elastic_worker import kubeapi, timings
+from elastic_worker.observe import events
 from elastic_worker.settings.config import Config, KubeApi
 
 logger = logging.getLogger(__name__)
-
-POLL = 5.0  # seconds between reads of a lost peer's pod
-# Seconds a lost peer is watched before this pod gives up on it: well past the control
-# plane's node-monitor-grace-period (40-50 s) and any afterSeconds one would choose.
-WATCH_FOR = 900.0
-API_TIMEOUT = 5.0
 
 
 def elect(lost: str, survivors: Iterable[str]) -> str | None:
@@ -88,25 +83,23 @@ class Lost:
 
 class Reclaimer:
     """Watches the peers this pod was elected for; deletes their pods once their node has
-    been NotReady for `config.reclaim_after` s. `holding()`: this pod must not act now (its
-    fence); `complete()`: the job is done (nothing to reclaim for)."""
+    been NotReady for `config.reclaim_after` s, while `may_act()` (the node-loss policy:
+    not while this pod is held by its fence, nor once the job is complete)."""
 
     def __init__(
         self,
         config: Config,
         api: KubeApi,
         *,
-        holding: Callable[[], bool] = lambda: False,
-        complete: Callable[[], bool] = lambda: False,
-        record: Callable[[str, str], None] | None = None,
-        poll: float = POLL,
+        may_act: Callable[[], bool] = lambda: True,
+        record: Callable[[str], None] | None = None,
+        poll: float = timings.RECLAIM_POLL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.api = api
-        self.holding = holding
-        self.complete = complete
-        self.record = record  # (reason, message): an Event on this pod
+        self.may_act = may_act
+        self.record = record  # (message): the PeerReclaimed Event on this pod
         self.poll = poll
         self.clock = clock
         self.watching: dict[str, Lost] = {}
@@ -153,26 +146,24 @@ class Reclaimer:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=API_TIMEOUT * 2)
+            self._thread.join(timeout=timings.RECLAIM_API_TIMEOUT * 2)
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll):
-            if self.complete():
-                return
             self.check_all()
 
     def check_all(self) -> None:
         with self._lock:
             peers = list(self.watching.items())
         for peer, lost in peers:
-            if self.holding():
+            if not self.may_act():
                 return
             try:
                 done = self.check(peer, lost)
             except Exception as exc:  # noqa: BLE001 - the API's errors: ask again next time
                 logger.debug("reclaim: reading %s: %s", peer, exc)
                 done = False
-            if done or self.clock() - lost.since > WATCH_FOR:
+            if done or self.clock() - lost.since > timings.RECLAIM_WATCH_FOR:
                 with self._lock:
                     self.watching.pop(peer, None)
 
@@ -182,7 +173,9 @@ class Reclaimer:
     def check(self, peer: str, lost: Lost) -> bool:
         """One look at the peer's pod; True when there is nothing more to watch."""
         try:
-            pod = kubeapi.request(self.api, "GET", self._path(peer), timeout=API_TIMEOUT)
+            pod = kubeapi.request(
+                self.api, "GET", self._path(peer), timeout=timings.RECLAIM_API_TIMEOUT
+            )
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return True  # gone from the API: its StatefulSet makes it again
@@ -227,7 +220,9 @@ class Reclaimer:
         if not self._read_nodes or not name:
             return True
         try:
-            node = kubeapi.request(self.api, "GET", f"/api/v1/nodes/{name}", timeout=API_TIMEOUT)
+            node = kubeapi.request(
+                self.api, "GET", f"/api/v1/nodes/{name}", timeout=timings.RECLAIM_API_TIMEOUT
+            )
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403):
                 self._read_nodes = False
@@ -238,7 +233,7 @@ class Reclaimer:
         return not node_ready(node)
 
     def _delete(self, peer: str, pod: dict[str, Any], uid: str, version: str) -> bool:
-        if self.holding():
+        if not self.may_act():
             return False
         node = node_name(pod) or "?"
         body = {
@@ -248,7 +243,9 @@ class Reclaimer:
             "preconditions": {"uid": uid, "resourceVersion": version},
         }
         try:
-            kubeapi.request(self.api, "DELETE", self._path(peer), body, timeout=API_TIMEOUT)
+            kubeapi.request(
+                self.api, "DELETE", self._path(peer), body, timeout=timings.RECLAIM_API_TIMEOUT
+            )
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return True
@@ -269,14 +266,13 @@ class Reclaimer:
         )
         logger.warning("reclaim: %s", message)
         if self.record is not None:
-            self.record("PeerReclaimed", message)
+            self.record(message)
         return True
 
 
 def start(
     config: Config,
-    holding: Callable[[], bool],
-    complete: Callable[[], bool],
+    may_act: Callable[[], bool],
     recorder: events.Recorder,
 ) -> Reclaimer | None:
     """The reclaim of dead nodes' pods (ELASTIC_RECLAIM), started when this pod can ask the
@@ -289,12 +285,8 @@ def start(
             "a dead node's pod is not reclaimed"
         )
         return None
-    record = None
-    if recorder.enabled:
 
-        def record(reason: str, message: str) -> None:
-            recorder.record(reason, message, events.WARNING)
+    def record(message: str) -> None:
+        recorder.record(events.PEER_RECLAIMED, message)
 
-    return Reclaimer(
-        config, config.kube_api, holding=holding, complete=complete, record=record
-    ).start()
+    return Reclaimer(config, config.kube_api, may_act=may_act, record=record).start()

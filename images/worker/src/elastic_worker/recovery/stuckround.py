@@ -1,4 +1,4 @@
-"""A torchrun stuck between a completed round and its workers, started again at once.
+"""A torchrun stuck between a completed round and its workers, seen at once.
 
 Right after a round completes, torch's agents assign worker ranks through the
 rendezvous's store (etcd, since elastic-worker turns torch's shared TCPStore off): the
@@ -9,28 +9,27 @@ workers start (torch/distributed/elastic/agent/server/api.py `_rendezvous`,
 or leaves after the round completed and before it wrote leaves every other node waiting
 in the store's `get`, which only ends after the store's timeout: 300 s, torch's default,
 which no torchrun flag or rendezvous setting changes for etcd-v2 (torch's EtcdStore).
-Then each agent fails and closes the rendezvous for good, and the pods go on in a new
-epoch (recovery/epochs.py): minutes late. Nothing else breaks the wait: the lifelines
+Then each agent fails and closes the rendezvous for good, and the pods go on in the next
+generation (generations.py): minutes late. Nothing else breaks the wait: the lifelines
 take the dead node out of the round, but the waits are for its keys, not for the round.
 Its window is up to a second per re-form (each node notices the completed round at its
 next 1 s poll) and it is hit by a SIGKILL, a leave at SIGTERM or a silent loss alike.
 
 So each pod watches its own torchrun (StuckRoundWatch): while no worker of it runs, it
-reads the round (lifelines/helper.py) and decides (StuckRound):
+reads the round (round.py's RoundOps) and decides (StuckRound):
 
 - this torchrun's node is in a completed round its workers have not started in yet
   (the round its last attempt started in is remembered: a node waiting in torch's exit
   barrier or stopping failed workers is in the round its workers ran in), and
 - a node of that round is gone: the round, as first read, held a node it no longer does,
   or its ranks have a gap (0 to n - 1 are given at completion), or this state lasted
-  longer than torch's own keep-alive window plus SLACK (a node that left before the
+  longer than torch's own keep-alive window plus STUCK_SLACK (a node that left before the
   first read and had the last rank leaves no trace; no exchange with every node alive
   takes that long: a node frozen that long is dropped by torch itself).
 
-Then the pod stops that torchrun (SIGTERM: torch ends its agent without closing the
-rendezvous), takes its node out of the round as at a SIGTERM (recovery/leave.py) and
-starts another in the same rendezvous (torchruns.py): the others do the same, and the next
-round forms without the lost node, within seconds.
+and tells the node-loss policy (policy.py), which relaunches torchrun: its node leaves the
+round as at a SIGTERM and another torchrun starts in the same rendezvous. The others do
+the same, and the next round forms without the lost node, within seconds.
 """
 
 from __future__ import annotations
@@ -41,21 +40,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from elastic_worker.launch.attempt_line import Tail, parse_attempt, process_alive
+from elastic_worker import timings
+from elastic_worker.attempt_line import Tail, parse_attempt, process_alive
 from elastic_worker.torchcompat import RdzvNode, RoundView
 
 logger = logging.getLogger(__name__)
-
-POLL = 0.5  # seconds between reads while no worker runs (torch's state cache is 1 s)
-#: Added to torch's keep-alive window: the 1 s poll each node notices a completed round
-#: at, this watch's own poll, and the state cache of the read.
-SLACK = 2.0
 
 
 class StuckRound:
     """The decision, from the rounds read: pure, the clock given."""
 
-    def __init__(self, slack: float = SLACK) -> None:
+    def __init__(self, slack: float = timings.STUCK_SLACK) -> None:
         self.slack = slack
         self.ran: int | None = None  # the round this torchrun's last workers started in
         self._round: int | None = None  # the completed round being watched
@@ -103,14 +98,14 @@ class StuckRoundWatch:
         attempt_log: Path,
         on_stuck: Callable[[str, bool], None],
         *,
-        poll: float = POLL,
+        poll: float = timings.STUCK_POLL,
         decide: StuckRound | None = None,
     ) -> None:
         self.own, self.read_round, self.on_stuck = own, read_round, on_stuck
         self.poll = poll
         self.decide = decide if decide is not None else StuckRound()
         self._tail = Tail(attempt_log)
-        self._tail.lines()  # earlier torchruns' attempts (an epoch or a restart ago)
+        self._tail.lines()  # earlier torchruns' attempts (another generation, a relaunch)
         self._program: int | None = None  # the pid of the last attempt's program
         self._unplaced = False  # that attempt's round is not read yet
         self._stop = threading.Event()

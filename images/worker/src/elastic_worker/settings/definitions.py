@@ -26,7 +26,7 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         Source.DERIVED,
         "job.id, else <namespace>-<release>",
-        "torch's --rdzv-id (epoch 0) and the job's etcd prefix /elastic-job/<id>/",
+        "torch's --rdzv-id (generation 0) and the job's etcd prefix /elastic-job/<id>/",
     ),
     Setting(
         "ELASTIC_RDZV_ENDPOINT",
@@ -116,7 +116,7 @@ SETTINGS: tuple[Setting, ...] = (
         "rendezvous.lifeline.enabled",
         "hold a TCP connection to every other node of the round; when one closes and the "
         "peer's torchrun is gone, take its node out of torch's round at once instead of "
-        "waiting for its keep-alive (docs/recovery.md, Lifelines)",
+        "waiting for its keep-alive (docs/notes/2026-11-26-lifelines.md)",
     ),
     Setting(
         "ELASTIC_LIFELINE_PORT",
@@ -144,7 +144,7 @@ SETTINGS: tuple[Setting, ...] = (
         Source.VALUE,
         "job.warmStart.enabled",
         "start each training process from a server that has imported ELASTIC_WARM_PRELOAD "
-        "(a fork; docs/recovery.md, Warm starts) instead of a new interpreter; only for a "
+        "(a fork; docs/notes/2026-11-26-warm-starts.md) instead of a new interpreter; only for a "
         "python script or -m module command",
     ),
     Setting(

@@ -59,9 +59,7 @@ class Setting:
 #: whole state (a compare-and-set of one key) each keep_alive_interval, and joining nodes
 #: compete with those writes. Above it the heartbeats of nodes already in the round stop
 #: landing within interval x attempts, the others evict them, they join again, and the
-#: round never completes. Measured on 2 cores (docs/recovery.md, "Rendezvous at scale"):
-#: 128 agents at 1 s never joined, at 4 s in 5.7-7.1 s (once 20 s); 256 at 4 s never
-#: joined, at 8 s in 11-24 s on etcd-v3 (its backoff; on torch's etcd-v2 backend, never).
+#: round never completes (docs/notes/2026-11-25-rendezvous-at-scale.md).
 HEARTBEATS_PER_S = 32
 
 
@@ -83,8 +81,8 @@ def keep_alive_interval(max_nodes: int, backend: str = "etcd-v2") -> int:
 
 
 def rdzv_conf_default(max_nodes: int, backend: str = "etcd-v2") -> str:
-    """Rendezvous settings the chart writes from `rendezvous.*` (docs/recovery.md explains
-    each value and how it was measured); keys the chart does not set fall back to these."""
+    """Rendezvous settings the chart writes from `rendezvous.*` (docs/recovery.md says what
+    each trades); keys the chart does not set fall back to these."""
     return (
         "join_timeout=600,last_call_timeout=1,close_timeout=10,"
         f"keep_alive_interval={keep_alive_interval(max_nodes, backend)},"

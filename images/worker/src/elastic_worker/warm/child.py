@@ -1,6 +1,7 @@
 """A warm server's child becoming the user's program, as `python -u PROGRAM` would run it:
 its argv, environment and working directory installed, the import-time state a fresh
-interpreter would read from that environment redone, the script run as `__main__`, and
+interpreter would read from that environment redone, the server's own modules and
+logging dropped (_forget_the_server), the script run as `__main__`, and
 its end reported as the interpreter would (exit code, traceback, signal). The end is
 `python -u`'s too: what the script leaves (its globals, its default process group) is
 freed at the interpreter's exit, not before (_keep_for_exit says why)."""
@@ -8,6 +9,7 @@ freed at the interpreter's exit, not before (_keep_for_exit says why)."""
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import runpy
 import signal
@@ -92,7 +94,7 @@ def _keep_for_exit() -> None:
     freed with the GIL held: ~ProcessGroupGloo then ran when the script's main() returned
     and waited forever for a worker thread that was waiting for the GIL, to free the
     last tensor of a collective it had just finished (pytorch/pytorch#56297; gdb stacks in
-    docs/recovery.md, "The end of a job"). What it relies on of torch is torchcompat.py's
+    docs/notes/2026-11-27-end-of-job.md). What it relies on of torch is torchcompat.py's
     (keep_destroyed_group); a torch without it keeps nothing here (the server said so).
 
     The kept group is released by an exit handler registered before the script's (so it
@@ -116,11 +118,32 @@ def _release_kept_group() -> None:
 def _libraries(args: Sequence[str]) -> None:
     """An injected worker's libraries (bundle.py): a module of ours (the lifelines' helper)
     gets them ahead of the image's; the user's program gets the image's path alone, as
-    `python -u` would have it (the server itself runs with the bundle's lib/)."""
+    `python -u` would have it (the server itself runs with the bundle's lib/), and none of
+    the server's own state (_forget_the_server)."""
     if bundle.our_module(args) is not None:
         bundle.enter(bundle.WORKER)
     else:
         sys.path[1:] = bundle.user_path(sys.path[1:])
+        _forget_the_server()
+
+
+def _forget_the_server() -> None:
+    """Leave the program nothing of the server's own that `python -u` would not have: its
+    modules (elastic_worker's: `import elastic_worker` then finds what a fresh interpreter
+    finds, a module of the user's or nothing) and its logging (the root logger's handler
+    and level, its loggers), so that the script's logging.basicConfig takes effect.
+    What the server installed into torch (torchcompat's wrappers, master.wait_for_master)
+    and this module's exit handler keep their code alive through their globals; none of
+    them imports a module of ours again."""
+    for name in [n for n in sys.modules if n.split(".")[0] == bundle.PACKAGE]:
+        del sys.modules[name]
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+    loggers = logging.Logger.manager.loggerDict
+    for name in [n for n in loggers if n.split(".")[0] == bundle.PACKAGE]:
+        del loggers[name]
 
 
 def _exit_code(code: object) -> int:

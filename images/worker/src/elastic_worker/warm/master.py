@@ -3,19 +3,20 @@
 Under elastic-worker's rendezvous (etcd-v2 or etcd-v3: torch's agent-shared store is off),
 worker rank 0's `init_process_group` (env://) hosts the round's TCPStore on MASTER_PORT and
 every other rank connects to it. A rank whose connection comes before rank 0 listens is
-refused, and torch retries after an exponential backoff with jitter: measured here, a
-client that started 20-200 ms before the server connected 0.3-0.6 s after it was up. The
-ranks start together after a re-form, so one of them loses that race on most re-forms,
-and the whole group waits for it (docs/recovery.md, "Warm starts").
+refused, and torch retries after an exponential backoff with jitter, tenths of a second
+after the server is up. The ranks start together after a re-form, so one of them loses
+that race on most re-forms, and the whole group waits for it (measured:
+docs/notes/2026-11-26-warm-starts.md).
 
 So in a warm child (torchcompat.wait_before_env_rendezvous) a rank other than 0 polls
-rank 0's port (every POLL seconds; SLOW_POLL once rank 0 is late by more than FAST_FOR, as
-when its script does work of its own first) from inside its env:// rendezvous, and lets
-torch connect once the port accepts. Inside the rendezvous, not before the script: the
-wait overlaps nothing the script does first. The address is resolved once and every
-address tried, as torch's client does. It gives up where torch would (the rendezvous's
-timeout), or at once on anything but a refused connection, and torch goes on as before
-with its own error. A probe that connects and closes is one the store drops unread.
+rank 0's port (timings.py: every MASTER_POLL, every MASTER_SLOW_POLL once rank 0 is late
+by more than MASTER_FAST_FOR, as when its script does work of its own first) from inside
+its env:// rendezvous, and lets torch connect once the port accepts. Inside the
+rendezvous, not before the script: the wait overlaps nothing the script does first. The
+address is resolved once and every address tried, as torch's client does. It gives up
+where torch would (the rendezvous's timeout), or at once on anything but a refused
+connection, and torch goes on as before with its own error. A probe that connects and
+closes is one the store drops unread.
 """
 
 from __future__ import annotations
@@ -27,13 +28,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from urllib.parse import parse_qs, urlparse
 
-#: Seconds between two connection attempts while rank 0 does not listen yet; after FAST_FOR
-#: seconds of that, SLOW_POLL.
-POLL = 0.005
-FAST_FOR = 2.0
-SLOW_POLL = 0.05
-#: Seconds one attempt may take (a listening port answers at once; a dropped SYN does not).
-CONNECT_TIMEOUT = 1.0
+from elastic_worker import timings
+
 #: torch's default process group timeout, for a rendezvous called without one.
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 #: torchrun's variable for its agent-shared store: then the agent listens before any worker.
@@ -76,7 +72,7 @@ def wait_for_master(url: str, timeout: timedelta | None = None) -> None:
         for family, kind, proto, address in addresses:
             try:
                 with socket.socket(family, kind, proto) as sock:
-                    sock.settimeout(CONNECT_TIMEOUT)
+                    sock.settimeout(timings.MASTER_CONNECT_TIMEOUT)
                     sock.connect(address)
                     return
             except ConnectionRefusedError:
@@ -86,4 +82,8 @@ def wait_for_master(url: str, timeout: timedelta | None = None) -> None:
         now = time.monotonic()
         if now >= deadline:
             return
-        time.sleep(POLL if now - started < FAST_FOR else SLOW_POLL)
+        time.sleep(
+            timings.MASTER_POLL
+            if now - started < timings.MASTER_FAST_FOR
+            else timings.MASTER_SLOW_POLL
+        )

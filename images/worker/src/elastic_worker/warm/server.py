@@ -1,19 +1,19 @@
 """Warm starts: a server that has imported torch forks each new training process.
 
-After a re-form most of the wait is a new interpreter importing torch (~2 s here, more in
+After a re-form most of the wait is a new interpreter importing torch (seconds, more in
 CUDA images). The entrypoint starts this server once per pod, before torchrun; torchrun
 runs client.py in place of `python -u`, which asks the server for a child. The child
 is a fork of a process that has imported torch (and the modules in
 ELASTIC_WARM_PRELOAD) and nothing else: no CUDA context (checked before every fork), no
 user code. In the child, the client's stdin/stdout/stderr, environment, working
-directory and argv replace the server's, the script runs as `__main__` like
-`python -u`, and what import-time state would differ from a fresh interpreter is redone
-(child.py): torch's thread count from OMP_NUM_THREADS, numpy's global seed (Python's
-`random` reseeds itself after fork). What the server imported is frozen out of the cycle
-collector (gc.freeze), and a child's env:// waits for rank 0's store (master.py). Each
-child leads its own process group (torchrun signals groups), dies with the server
-(PR_SET_PDEATHSIG) and is SIGKILLed when its client goes. Requests and answers:
-protocol.py.
+directory and argv replace the server's, the server's own modules and logging are
+dropped, the script runs as `__main__` like `python -u`, and what import-time state
+would differ from a fresh interpreter is redone (child.py): torch's thread count from
+OMP_NUM_THREADS, numpy's global seed (Python's `random` reseeds itself after fork).
+What the server imported is frozen out of the cycle collector (gc.freeze), and a child's
+env:// waits for rank 0's store (master.py). Each child leads its own process group
+(torchrun signals groups), dies with the server (PR_SET_PDEATHSIG) and is SIGKILLed when
+its client goes. Requests and answers: protocol.py.
 
 A child tells the server when its script has returned (a pipe of its own); with a
 teardown bound, a training process (started by torchrun) still running that long
@@ -43,14 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from elastic_worker import bundle, torchcompat
+from elastic_worker import bundle, timings, torchcompat
 from elastic_worker.warm import child, master, protocol
 
 logger = logging.getLogger("elastic_worker.warm.server")
 
 PR_SET_PDEATHSIG = 1
-#: How long start() waits for the server's socket (a client finding none starts cold).
-BIND_WAIT = 5.0
 
 
 def _fork_safe() -> str | None:
@@ -107,7 +105,8 @@ class WarmServer:
             logger.warning(
                 "warm server: torch %s: %s: a training process's default process group is "
                 "freed when its script drops it, not at its exit as under python -u (a DDP "
-                "script can hang at its end, until its teardown bound: docs/recovery.md)",
+                "script can hang at its end, until its teardown bound: "
+                "docs/notes/2026-11-27-end-of-job.md)",
                 torchcompat.torch_version(),
                 problem,
             )
@@ -119,15 +118,14 @@ class WarmServer:
             logger.warning(
                 "warm server: torch %s: %s: a rank that connects to rank 0's store before "
                 "it listens waits out torch's backoff (0.3-0.6 s of a re-form: "
-                'docs/recovery.md, "Warm starts")',
+                "docs/notes/2026-11-26-warm-starts.md)",
                 torchcompat.torch_version(),
                 problem,
             )
         # What the server imported lives as long as any child: out of the cycle collector's
         # reach (Python's gc.freeze, made for servers that fork). A child's collections, and
-        # the one at its interpreter's exit, no longer walk torch's objects: that exit took
-        # 1.0-1.2 s with torch, DCP and FSDP2 imported, 0.15 s frozen; torchrun sees a
-        # failed process end, and re-forms, that much sooner.
+        # the one at its interpreter's exit, no longer walk torch's objects, so a failed
+        # process ends, and torchrun re-forms, a second sooner (docs/notes/).
         gc.collect()
         gc.freeze()
 
@@ -357,7 +355,7 @@ def start(
     )
     # It binds within a few tens of ms (before it imports): wait for that, so that no
     # client finds the path missing and starts cold.
-    deadline = time.monotonic() + BIND_WAIT
+    deadline = time.monotonic() + timings.WARM_BIND_WAIT
     while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     return Handle(proc, path, directory)

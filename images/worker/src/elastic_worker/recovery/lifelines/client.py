@@ -9,13 +9,10 @@ So each elastic-worker serves a lifeline (server.py) that greets with its torchr
 and then holds the connection. When a round starts (a new line in the attempt log), each
 elastic-worker reads the round's participants and holds a lifeline to every other one
 (LifelineWatcher, here). When one closes, the peer is asked again: refused, or another
-torchrun answering, and that node is gone for good. This pod then takes the node out of
-the round with torch's own state machine (recovery/leave.py), unless the node's heartbeat
-is newer than the close (a new torchrun that got the same pid). A connection that times
-out proves nothing (a node that vanished sends no reset): the keep-alive and the
-silent-loss detection (recovery/lossdetect.py) cover that case. Reading the round and
-taking a node out are helper.py's (torch internals; in a helper forked from the warm
-server when there is one).
+torchrun answering, and that node is gone for good, which the node-loss policy hears
+(recovery/policy.py: it takes the node out of the round). A connection that times out
+proves nothing (a node that vanished sends no reset): the keep-alive and the silent-loss
+detection (recovery/lossdetect.py) cover that case.
 """
 
 from __future__ import annotations
@@ -28,19 +25,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from elastic_worker.launch.attempt_line import Tail
-from elastic_worker.recovery.lifelines import helper
+from elastic_worker import timings
 from elastic_worker.recovery.lifelines.messages import greeted_pid
-from elastic_worker.recovery.stuckround import StuckRoundWatch
-from elastic_worker.settings.config import Config
 from elastic_worker.torchcompat import RdzvNode
 
 logger = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT = 1.0  # a peer that does not answer within it may be gone or slow: no proof
-POLL = 0.5  # seconds between looks for a new round (the attempt log)
 READ_TRIES = 5  # reads of a new round's participants before waiting for the next round
 
 
@@ -50,7 +41,9 @@ class Verdict:
     UNKNOWN = "unknown"  # no answer: proves nothing
 
 
-def ask(addr: str, port: int, timeout: float = CONNECT_TIMEOUT) -> tuple[socket.socket, int | None]:
+def ask(
+    addr: str, port: int, timeout: float = timings.LIFELINE_CONNECT_TIMEOUT
+) -> tuple[socket.socket, int | None]:
     """A lifeline to `addr`: the connection and the pid it greeted with. Raises OSError:
     ConnectionError when nothing serves there any more (refused, or closed or reset
     before the greeting: the listener died with this connection in its backlog)."""
@@ -100,7 +93,7 @@ class LifelineWatcher:
         remove: Callable[[RdzvNode, float], bool],
         new_round: Callable[[], bool],
         *,
-        poll: float = POLL,
+        poll: float = timings.LIFELINE_POLL,
         close: Callable[[], None] | None = None,
         leave: Callable[[int], bool] | None = None,
     ) -> None:
@@ -206,59 +199,3 @@ class LifelineWatcher:
             self.remove(line.node, since)
         except Exception as exc:  # noqa: BLE001 - the helper's, etcd's, torch's: the keep-alive remains
             logger.warning("lifelines: could not take %s:%d out of the round: %s", *line.node, exc)
-
-
-def watch(
-    config: Config,
-    rdzv_id: str,
-    local_addr: str | None,
-    pid: Callable[[], int | None],
-    attempt_log: Path,
-    *,
-    warm_socket: str | None = None,
-    on_removed: Callable[[RdzvNode], None] | None = None,
-    may_act: Callable[[], bool] = lambda: True,
-    on_stuck: Callable[[str, bool], None] | None = None,
-) -> LifelineWatcher:
-    """Lifelines to the other nodes of each round of `rdzv_id` while this torchrun runs;
-    `on_removed(node)` after this pod took a node out (an Event). With `warm_socket` (the
-    warm server's), the round is read and a node taken out in a helper forked from it.
-    `may_act()` False: this pod takes nobody out (it may be the one cut off).
-    `on_stuck(reason, trained)`: this torchrun waits for a node that left its round before
-    the workers started (recovery/stuckround.py, which reads the round through the same
-    helper); called once, and stopped with the watcher."""
-    ops = helper.ops_for(config, rdzv_id, warm_socket)
-    addr = local_addr or socket.getfqdn()
-
-    def own() -> RdzvNode | None:
-        p = pid()
-        return None if p is None else (addr, p)
-
-    stuck = None
-    if on_stuck is not None:
-        stuck = StuckRoundWatch(own, ops.round, attempt_log, on_stuck).start()
-
-    def close() -> None:
-        if stuck is not None:
-            stuck.stop()
-        ops.close()
-
-    def remove(node: RdzvNode, since: float) -> bool:
-        if not may_act():
-            return False
-        removed = ops.remove(node, since)
-        if removed and on_removed is not None:
-            on_removed(node)
-        return removed
-
-    tail = Tail(attempt_log)
-    watcher = LifelineWatcher(
-        own,
-        config.lifeline_port,
-        ops.participants,
-        remove,
-        lambda: bool(tail.lines()),
-        close=close,
-        leave=lambda own_pid: ops.leave((addr, own_pid)),
-    )
-    return watcher.start()

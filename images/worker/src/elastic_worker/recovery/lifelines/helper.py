@@ -1,13 +1,9 @@
-"""The round read and a node taken out of it (torch internals, through recovery/leave.py
-and torchcompat.py), for the lifelines' watcher (client.py) and the stuck-round watch
-(recovery/stuckround.py).
-
-With a warm server (warm/: torch imported there) both run in one helper process forked
-from it for the whole torchrun (`python -m elastic_worker.recovery.lifelines.helper ops
-RDZV_ID`, HelperClient; its requests and answers are in messages.py): elastic-worker
-never imports torch for its lifelines. Without one, torch's rendezvous module is imported
-in elastic-worker itself (InProcess: about 0.2 GB, 0.75 s of CPU beside torchrun's own
-start: four nodes on two cores trained together 1.1-1.3 s later).
+"""The round's operations (recovery/round.py's RoundOps: read it, take a node out) in a
+helper process forked from the warm server, so that elastic-worker itself never imports
+torch for them: `python -m elastic_worker.recovery.lifelines.helper ops RDZV_ID`, one
+per torchrun (HelperClient here; its requests and answers are in messages.py). Without a
+warm server they run in elastic-worker itself (round.InProcess), at the price of torch's
+rendezvous module imported there beside torchrun's own start (docs/notes/).
 """
 
 from __future__ import annotations
@@ -20,12 +16,12 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from elastic_worker import bundle
-from elastic_worker.recovery import leave, rendezvous
+from elastic_worker import bundle, timings
 from elastic_worker.recovery.lifelines import messages
 from elastic_worker.recovery.lifelines.messages import HelperError
+from elastic_worker.recovery.round import InProcess, RoundOps
 from elastic_worker.settings import config
 from elastic_worker.settings.config import Config
 from elastic_worker.torchcompat import RdzvNode, RoundView
@@ -33,67 +29,7 @@ from elastic_worker.warm.protocol import CLIENT_MODULE
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HelperClient", "HelperError", "InProcess", "RoundOps", "main", "ops_for"]
-
-
-class RoundOps(Protocol):
-    """Reads the round's participants and takes a node out of it."""
-
-    def participants(self) -> list[RdzvNode]: ...
-
-    def round(self) -> RoundView:
-        """The round now: number, complete, each torchrun's group rank."""
-        ...
-
-    def remove(self, node: RdzvNode, since: float) -> bool:
-        """Take another pod's node out, dead since `since` (leave.leave_with's guard)."""
-        ...
-
-    def leave(self, node: RdzvNode) -> bool:
-        """Take this pod's own node out (a SIGTERM)."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class InProcess:
-    """Both here, with torch's rendezvous module imported in this process while torchrun
-    starts, so that the lifelines hold from the first round's start."""
-
-    def __init__(self, config: Config, rdzv_id: str) -> None:
-        leave.preload()
-        self._config, self._rdzv_id = config, rdzv_id
-        self._handler: list[Any] = []
-        # One torch handler for the lifelines', the stuck-round watch's and the leave's
-        # threads: its state holder is not thread-safe.
-        self._lock = threading.RLock()
-
-    def _made(self) -> Any:
-        if not self._handler:
-            self._handler.append(rendezvous.handler(self._config, self._rdzv_id))
-        return self._handler[0]
-
-    def participants(self) -> list[RdzvNode]:
-        with self._lock:
-            return leave.participants(self._made())
-
-    def round(self) -> RoundView:
-        with self._lock:
-            return leave.read_round(self._made())
-
-    def remove(self, node: RdzvNode, since: float) -> bool:
-        with self._lock:
-            return leave.leave_with(self._made, self._rdzv_id, *node, dead_since=since)
-
-    def leave(self, node: RdzvNode) -> bool:
-        with self._lock:
-            return leave.leave_with(self._made, self._rdzv_id, *node)
-
-    def close(self) -> None:
-        """Nothing to release: torch's handler lives as long as this process."""
-
-
-HELPER_TIMEOUT = 15.0  # seconds for one answer: a removal retries for up to leave.TIMEOUT
+__all__ = ["HelperClient", "HelperError", "main", "ops_for"]
 
 
 class HelperClient:
@@ -126,7 +62,7 @@ class HelperClient:
             try:
                 proc.stdin.write(request.encode() + b"\n")
                 proc.stdin.flush()
-                readable, _, _ = select.select([proc.stdout], [], [], HELPER_TIMEOUT)
+                readable, _, _ = select.select([proc.stdout], [], [], timings.HELPER_TIMEOUT)
                 line = proc.stdout.readline() if readable else b""
             except OSError:
                 line = b""
@@ -189,7 +125,7 @@ def ops_for(config: Config, rdzv_id: str, warm_socket: str | None) -> RoundOps:
 def main(argv: Sequence[str] | None = None) -> int:
     """`ops RDZV_ID`: the lifelines' helper (HelperClient). Reads `participants` (answers
     {"nodes": [[addr, pid], ...]}), `round` (messages.round_reply), `remove ADDR PID SINCE`
-    (answers {"removed": bool}, leave.leave_with with `dead_since` SINCE) and `leave ADDR
+    (answers {"removed": bool}, round.take_out with `dead_since` SINCE) and `leave ADDR
     PID` (the same, this pod's own node) until its input ends; {"error": ...} when one
     fails. Its settings are elastic-worker's environment (a warm child gets it)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -203,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     own = logging.getLogger("elastic_worker")
     own.handlers[:], own.propagate = [handler], False
     own.setLevel(logging.WARNING)
-    logging.getLogger("elastic_worker.recovery.leave").setLevel(logging.INFO)  # "took ... out"
+    logging.getLogger("elastic_worker.recovery.round").setLevel(logging.INFO)  # "took ... out"
     try:
         cfg = config.load(["python", "train.py"])  # elastic-worker's environment
     except config.ConfigError as exc:  # elastic-worker itself started with these: not here

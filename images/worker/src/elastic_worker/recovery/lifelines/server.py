@@ -11,12 +11,11 @@ import socket
 import threading
 from collections.abc import Callable
 
+from elastic_worker import timings
 from elastic_worker.recovery.lifelines.messages import BYE, greeting
 from elastic_worker.settings.config import Config
 
 logger = logging.getLogger(__name__)
-
-CONNECT_TIMEOUT = 1.0  # seconds to send a greeting to a peer that connected
 
 
 class LifelineServer:
@@ -40,7 +39,7 @@ class LifelineServer:
 
     def stop(self) -> None:
         """Say goodbye on every lifeline, then close: an elastic-worker that ends on purpose
-        (the job done, a SIGTERM) is no death; its own exit handles its node (recovery/leave.py)."""
+        (the job done, a SIGTERM) is no death; its own exit handles its node (policy.py)."""
         self._stop.set()
         self._thread.join(timeout=2)
         for key in list(self._sel.get_map().values()):
@@ -74,7 +73,7 @@ class LifelineServer:
         except OSError:
             return
         try:
-            conn.settimeout(CONNECT_TIMEOUT)
+            conn.settimeout(timings.LIFELINE_GREETING_TIMEOUT)
             conn.sendall(greeting(self._pid()))
             conn.setblocking(False)
         except OSError:

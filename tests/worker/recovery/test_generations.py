@@ -17,8 +17,8 @@ from elastic_worker.keystore import etcdv2
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.launch import argv as launch
 from elastic_worker.launch.supervisor import Supervisor
-from elastic_worker.recovery import epochs as epoch
-from elastic_worker.recovery import rendezvous
+from elastic_worker.recovery import generations, rendezvous
+from elastic_worker.recovery.policy import NodeLoss
 from elastic_worker.settings import config
 from testlib import EtcdServer
 
@@ -38,11 +38,11 @@ def test_epoch_starts_at_the_job_id_and_advances_once_per_closed_rendezvous(
     """Two pods that both saw epoch N closed agree on N + 1, not N + 2 (on either API)."""
     cfg = _config(backend_etcd(etcd_factory, backend), "cas")
     client = kvstore.connect(cfg)
-    assert epoch.current(client, cfg) == 0
-    assert epoch.run_id(cfg, 0) == "cas"
+    assert generations.current(client, cfg) == 0
+    assert generations.run_id(cfg, 0) == "cas"
     results: list[int] = []
     threads = [
-        threading.Thread(target=lambda: results.append(epoch.advance(client, cfg, 0)))
+        threading.Thread(target=lambda: results.append(generations.advance(client, cfg, 0)))
         for _ in range(4)
     ]
     for thread in threads:
@@ -50,10 +50,10 @@ def test_epoch_starts_at_the_job_id_and_advances_once_per_closed_rendezvous(
     for thread in threads:
         thread.join(10)
     assert results == [1, 1, 1, 1]
-    assert epoch.advance(client, cfg, 1) == 2
-    assert epoch.advance(client, cfg, 1) == 2  # a late pod with a stale view catches up
-    assert epoch.current(client, cfg) == 2
-    assert epoch.run_id(cfg, 2) == "cas-r2"
+    assert generations.advance(client, cfg, 1) == 2
+    assert generations.advance(client, cfg, 1) == 2  # a late pod with a stale view catches up
+    assert generations.current(client, cfg) == 2
+    assert generations.run_id(cfg, 2) == "cas-r2"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -65,10 +65,10 @@ def test_rendezvous_closed_is_torchs_own_answer(
     the job looping or giving up."""
     cfg = _config(backend_etcd(etcd_factory, backend), "closed")
     assert rendezvous.handler(cfg, "closed").get_backend() == backend
-    assert epoch.rendezvous_closed(cfg, "closed") is False
+    assert generations.rendezvous_closed(cfg, "closed") is False
     _close_rendezvous(cfg, "closed")
-    assert epoch.rendezvous_closed(cfg, "closed") is True
-    assert epoch.rendezvous_closed(cfg, "closed-r1") is False
+    assert generations.rendezvous_closed(cfg, "closed") is True
+    assert generations.rendezvous_closed(cfg, "closed-r1") is False
 
 
 def _close_rendezvous(cfg: config.Config, rdzv_id: str) -> None:
@@ -124,7 +124,7 @@ def test_a_rendezvous_closed_by_a_failed_agent_does_not_end_the_job(
     for agent in agents:
         assert f"joining rendezvous {job}-r1" in agent.text()
         assert agent.train_lines()[-1] == "[train] done step=6"
-    assert etcdv2.Client(etcd.url).get_value(f"/elastic-job/{job}/epoch") == "1"
+    assert etcdv2.Client(etcd.url).get_value(f"/elastic-job/{job}/generation") == "1"
 
 
 def test_a_sigterm_just_before_torchrun_starts_starts_no_torchrun(
@@ -147,5 +147,7 @@ def test_a_sigterm_just_before_torchrun_starts_starts_no_torchrun(
     monkeypatch.setattr(launch, "build_argv", signal_arrives)
     monkeypatch.setattr(Supervisor, "run", must_not_run)
     ready = Ready(None, "127.0.0.1", None)
-    code = torchruns.Epochs(cfg, Completion(kvstore.connect(cfg), cfg), ready, relay, env={}).run()
+    done = Completion(kvstore.connect(cfg), cfg)
+    node_loss = NodeLoss(cfg, done, torchrun_pid=relay.torchrun_pid)
+    code = torchruns.Torchruns(cfg, done, ready, relay, env={}, node_loss=node_loss).run()
     assert code == exits.signalled(signal.SIGTERM)

@@ -15,7 +15,7 @@ from pathlib import Path
 ATTEMPT_LOG_ENV = "ELASTIC_ATTEMPT_LOG"
 
 # Run by torchrun for every worker process of every attempt, with torchrun's documented
-# worker environment (pinned by tests/worker/launch/test_attempt_line.py): local rank 0 writes
+# worker environment (pinned by tests/worker/test_attempt_line.py): local rank 0 writes
 # one line (docs/contracts.md, "The attempt line") to stderr and, when the worker serves
 # metrics, appends it with its PID to ELASTIC_ATTEMPT_LOG (read below); then the shell execs
 # the program, which keeps the PID torchrun started (so $$ is the program's PID), its

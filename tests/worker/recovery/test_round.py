@@ -1,7 +1,7 @@
-"""leave.py: a stopped node's way out of torch's rendezvous round. It runs torch internals,
-so these tests pin them: the torch version it was checked against, and the behaviour on a
-real etcd (both backends) with an agent that joined a round and went away, as torchrun
-does after a SIGTERM."""
+"""round.py: a node taken out of torch's rendezvous round (a stopped one, a dead peer). It
+runs torch internals, so these tests pin them: the torch version it was checked against,
+and the behaviour on a real etcd (both backends) with an agent that joined a round and
+went away, as torchrun does after a SIGTERM."""
 
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from elastic_worker import torchcompat
-from elastic_worker.recovery import epochs as epoch
-from elastic_worker.recovery import leave, rendezvous
-from elastic_worker.recovery.lifelines import client as lifeline
+from elastic_worker.completion import Completion
+from elastic_worker.keystore import interface as kvstore
+from elastic_worker.recovery import generations, rendezvous
+from elastic_worker.recovery import round as rounds
 from elastic_worker.recovery.lifelines import helper
+from elastic_worker.recovery.policy import NodeLoss
 from elastic_worker.settings import config
 from elastic_worker.warm import server as warm
 from testlib import EtcdServer, free_port
@@ -71,8 +73,8 @@ def _agent(cfg: config.Config, run_id: str, timeout: float = 60) -> tuple[int, f
 
 
 def test_the_torch_leave_py_was_checked_against_is_the_one_pinned() -> None:
-    """leave.py reads torch internals (dynamic_rendezvous). Bumping torch in
-    requirements/dev.txt fails here: re-read leave.py against the new torch, run this file,
+    """round.py reads torch internals (dynamic_rendezvous, through torchcompat). Bumping torch in
+    requirements/dev.txt fails here: re-read round.py against the new torch, run this file,
     then update the version below."""
     pinned = re.search(r"^torch==(\S+)$", (ROOT / "requirements" / "dev.txt").read_text(), re.M)
     assert pinned is not None
@@ -90,20 +92,20 @@ def test_a_gone_agent_leaves_and_the_next_round_forms_without_waiting_for_its_ke
     gone, _ = _agent(cfg, "gone")
     # The round of one is complete and holds the gone agent's node (a 60 s keep-alive):
     # a newcomer could only wait. Taking it out moves the rendezvous to the next round.
-    assert leave.leave(cfg, "gone", "127.0.0.1", gone) is True
-    assert leave.leave(cfg, "gone", "127.0.0.1", gone) is False  # not there any more
+    assert rounds.leave(cfg, "gone", "127.0.0.1", gone) is True
+    assert rounds.leave(cfg, "gone", "127.0.0.1", gone) is False  # not there any more
     _, took = _agent(cfg, "gone", timeout=40)
     assert took < 30, f"the next round took {took:.1f} s: the gone node was still in it"
-    assert not epoch.rendezvous_closed(cfg, "gone")
+    assert not generations.rendezvous_closed(cfg, "gone")
 
 
 def test_another_node_is_left_alone(etcd_factory: Callable[..., EtcdServer]) -> None:
     """Only torchrun's own node (its address and pid) is taken out."""
     cfg = _config(backend_etcd(etcd_factory, "etcd-v2"), "other")
     member, _ = _agent(cfg, "other")
-    assert leave.leave(cfg, "other", "127.0.0.1", member + 100_000) is False
-    assert leave.leave(cfg, "other", "10.0.0.9", member) is False
-    assert leave.leave(cfg, "other", "127.0.0.1", member) is True
+    assert rounds.leave(cfg, "other", "127.0.0.1", member + 100_000) is False
+    assert rounds.leave(cfg, "other", "10.0.0.9", member) is False
+    assert rounds.leave(cfg, "other", "127.0.0.1", member) is True
 
 
 def test_a_node_seen_dead_stays_when_it_beat_after_and_goes_otherwise(
@@ -116,12 +118,12 @@ def test_a_node_seen_dead_stays_when_it_beat_after_and_goes_otherwise(
     member, _ = _agent(cfg, "dead")
     made = lambda: rendezvous.handler(cfg, "dead")  # noqa: E731
     with caplog.at_level(logging.INFO, logger="elastic_worker"):
-        assert leave.leave_with(made, "dead", "127.0.0.1", member, dead_since=before) is False
+        assert rounds.take_out(made, "dead", "127.0.0.1", member, dead_since=before) is False
         assert f"kept 127.0.0.1:{member} in rendezvous dead" in caplog.text
-        assert leave.participants(made()) == [("127.0.0.1", member)]
-        assert leave.leave_with(made, "dead", "127.0.0.1", member, dead_since=time.time())
+        assert rounds.participants(made()) == [("127.0.0.1", member)]
+        assert rounds.take_out(made, "dead", "127.0.0.1", member, dead_since=time.time())
     assert f"took 127.0.0.1:{member} out of rendezvous dead (participants" in caplog.text
-    assert leave.participants(made()) == []
+    assert rounds.participants(made()) == []
 
 
 def test_of_two_survivors_taking_out_one_dead_node_only_one_reports_it(
@@ -140,7 +142,7 @@ def test_of_two_survivors_taking_out_one_dead_node_only_one_reports_it(
         handler._state_holder.sync()  # type: ignore[attr-defined]  # both hold the same state
         gate.wait()
         results.append(
-            leave.leave_with(lambda: handler, "twice", "127.0.0.1", member, dead_since=since)
+            rounds.take_out(lambda: handler, "twice", "127.0.0.1", member, dead_since=since)
         )
 
     threads = [threading.Thread(target=survivor) for _ in range(2)]
@@ -166,9 +168,9 @@ PEER = textwrap.dedent(
 def test_the_lifelines_read_the_round_when_an_attempt_starts_and_take_a_dead_node_out(
     etcd_factory: Callable[..., EtcdServer], tmp_path: Path
 ) -> None:
-    """lifeline.watch as elastic-worker runs it, on a real round: nothing is read before
-    the attempt log gets a line; then the node of a peer whose elastic-worker dies is taken
-    out (a 60 s keep-alive would keep it) and reported (main.py's PeerGone Event)."""
+    """The node-loss policy's lifelines as elastic-worker runs them, on a real round: nothing
+    is read before the attempt log gets a line; then the node of a peer whose elastic-worker
+    dies is taken out (a 60 s keep-alive would keep it)."""
     port = free_port()
     cfg = _config(backend_etcd(etcd_factory, "etcd-v3"), "lines", ELASTIC_LIFELINE_PORT=str(port))
     member, _ = _agent(cfg, "lines")  # its node, 127.0.0.1, stays in the complete round
@@ -179,21 +181,27 @@ def test_the_lifelines_read_the_round_when_an_attempt_starts_and_take_a_dead_nod
     )
     assert peer.stdout is not None and peer.stdout.readline() == "ready\n"
     log = tmp_path / "attempts"
-    reported: list[torchcompat.RdzvNode] = []
     # This pod: another address, its own torchrun (pid 1 here).
-    watcher = lifeline.watch(cfg, "lines", "127.0.0.5", lambda: 1, log, on_removed=reported.append)
+    loss = NodeLoss(cfg, Completion(kvstore.connect(cfg), cfg), torchrun_pid=lambda: 1)
+    loss.attempt_log = log
+    taken: list[torchcompat.RdzvNode] = []
+    watch = loss.watch("lines", "127.0.0.5", None)
+    peer_gone = watch.peer_gone
+    watch.peer_gone = lambda node, since: taken.append(node) or peer_gone(node, since)  # type: ignore[method-assign]
     try:
-        time.sleep(0.7)
-        assert watcher._lines == {}  # no attempt yet: the round is not read
-        log.write_text("[elastic-worker] attempt run_id=lines restart=0 group_rank=0 nodes=2\n")
-        wait_until("the lifeline held", lambda: ("127.0.0.1", member) in watcher._lines, 20)
-        peer.kill()
-        wait_until("the node taken out", lambda: reported == [("127.0.0.1", member)], 10)
-        assert leave.participants(rendezvous.handler(cfg, "lines")) == []
+        with watch.running(None):
+            watcher = watch.lifelines
+            assert watcher is not None
+            time.sleep(0.7)
+            assert watcher._lines == {}  # no attempt yet: the round is not read
+            log.write_text("[elastic-worker] attempt run_id=lines restart=0 group_rank=0 nodes=2\n")
+            wait_until("the lifeline held", lambda: ("127.0.0.1", member) in watcher._lines, 20)
+            peer.kill()
+            wait_until("the node taken out", lambda: taken == [("127.0.0.1", member)], 10)
+            assert rounds.participants(rendezvous.handler(cfg, "lines")) == []
     finally:
         peer.kill()
         peer.wait()
-        watcher.stop()
 
 
 def test_the_lifelines_helper_forked_from_the_warm_server_reads_the_round_and_takes_a_node_out(
@@ -262,13 +270,13 @@ def test_without_the_internals_it_says_so_and_the_keep_alive_remains(
     }
     monkeypatch.setattr(torchcompat, "dynamic_rendezvous", lambda: SimpleNamespace(**older))
     with caplog.at_level(logging.INFO, logger="elastic_worker"):
-        assert leave.leave(cfg, "other-torch", "127.0.0.1", 1) is False
-    assert "cannot leave rendezvous other-torch at once with this torch" in caplog.text
+        assert rounds.leave(cfg, "other-torch", "127.0.0.1", 1) is False
+    assert "cannot take a node out of rendezvous other-torch with this torch" in caplog.text
 
 
 def test_an_unreachable_etcd_costs_only_the_speed_up(caplog: pytest.LogCaptureFixture) -> None:
     env = worker_env("127.0.0.1:9", "away", POD_NAME="w0")
     cfg = config.load(["python", "train.py"], env)
     with caplog.at_level(logging.INFO, logger="elastic_worker"):
-        assert leave.leave(cfg, "away", "127.0.0.1", 1) is False
-    assert "could not leave rendezvous away at once" in caplog.text
+        assert rounds.leave(cfg, "away", "127.0.0.1", 1) is False
+    assert "could not take 127.0.0.1:1 out of rendezvous away" in caplog.text

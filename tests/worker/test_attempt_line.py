@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from elastic_worker.attempt_line import parse_attempt, process_alive
 from elastic_worker.launch import argv as launch
-from elastic_worker.launch.attempt_line import parse_attempt, process_alive
 from elastic_worker.settings import config
 from testlib import EtcdServer, start_etcd
 from torch.distributed.elastic.utils.api import macros
