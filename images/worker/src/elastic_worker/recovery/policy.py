@@ -120,7 +120,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "torchrun waits for a node that left its just-completed round",
         "stuckround.py",
-        f"this pod is held; {MAX_STUCK} relaunches in a row without training",
+        f"this pod is held; {MAX_STUCK} relaunches in a row without training; the backend "
+        "is etcd-lease (its store stops waiting itself)",
         "stop torchrun (its node leaves the round) and launch another in the same rendezvous; "
         "TorchrunRelaunched",
         "TorchrunWatch.stuck_round",
@@ -373,9 +374,11 @@ class TorchrunWatch:
             yield
             return
         cfg = self.policy.config
-        self.ops = ops = helper.ops_for(cfg, self.rdzv_id, self.warm_socket)
+        self.ops = ops = helper.ops_for(cfg, self.rdzv_id, self.warm_socket, self.own)
         stuck = None
-        if supervisor is not None:
+        # etcd-lease's store stops a wait itself once its round lost a member
+        # (torch_etcd_v3.rounds): no torchrun waits there for a gone node.
+        if supervisor is not None and not rounds.in_own_keys(cfg):
             stuck = StuckRoundWatch(self.own, ops.round, log, self.stuck_round).start()
         tail = Tail(log)
         self.lifelines = watcher = LifelineWatcher(
