@@ -446,8 +446,10 @@ class TorchrunWatch:
             if not self.policy.completion.before_leave():
                 self._leave(pid)
 
-        self._leaving = threading.Thread(target=leave, name="leave", daemon=True)
-        self._leaving.start()
+        thread = threading.Thread(target=leave, name="leave", daemon=True)
+        thread.start()
+        # Set once started: exited(), on the supervisor's other thread, joins it.
+        self._leaving = thread
 
     def exited(self, pid: int) -> None:
         """Once more after torchrun is gone: a join it had in flight at the signal may have
