@@ -337,12 +337,8 @@ def test_a_killed_node_is_taken_out_through_its_lifeline_before_its_keep_alive_l
     for agent in survivors:
         assert agent.wait(180) == 0, agent.text()[-3000:]
         assert agent.train_lines()[-1] == "[train] done step=60"
-    if backend == "etcd-lease" and rounds(agents)[-2:] != [3, 2]:
-        # Known (issue 34): etcd-lease keeps the master's address and port when rank 0
-        # stays, and the round liveness names a round by them (lossdetect.round_of), so
-        # the dead node's key lapsing 4 s later reads as a silent loss in the round of two
-        # and costs a second re-form (no step lost).
-        pytest.xfail("etcd-lease: the round liveness took the round of two for the round of three")
+    # On etcd-lease the round of two keeps the master's address and port: the dead node's
+    # key lapsing there 4 s later is no silent loss (lossdetect's reused round names).
     assert rounds(agents)[-2:] == [3, 2]  # one re-form (a late node may add a round before)
 
 
