@@ -28,7 +28,7 @@ from benches.env import ROOT
 from benches.rendezvous import three
 from benches.rendezvous.figure import run_once
 from benches.rendezvous.profiles import LABELS
-from benches.rendezvous.report import print_table, summarize
+from benches.rendezvous.report import markdown_lines, print_table, summarize
 
 SIZES = "3,32,256,1024"
 
@@ -42,6 +42,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench-rendezvous")
     parser.add_argument("--replot", type=Path, metavar="JSON", help="only the table of a run")
+    parser.add_argument(
+        "--markdown", action="store_true", help="the table as docs/rendezvous.md shows it"
+    )
     parser.add_argument(
         "--three-nodes",
         action="store_true",
@@ -101,5 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         results = run(sizes, args.repeat, args.backends.split(","))
         (args.out / "rendezvous.json").write_text(json.dumps(results, indent=1) + "\n")
         print(f"wrote {args.out / 'rendezvous.json'}")
-    print_table(results)
+    if args.markdown:
+        print("\n".join(markdown_lines(results)))
+    else:
+        print_table(results)
     return 0

@@ -107,3 +107,43 @@ def table_lines(results: dict[str, Any]) -> list[str]:
 def print_table(results: dict[str, Any]) -> None:
     for line in table_lines(results):
         print(line)
+
+
+def _md_seconds(cell: dict[str, Any] | None, key: str) -> str:
+    if cell is None:
+        return "-"
+    s, runs = cell[key], cell["runs"]
+    if s["median"] is None:
+        return f"none in {runs}"
+    spread = f" ({s['min']:.2f}-{s['max']:.2f})" if s["runs"] > 1 else ""
+    text = f"{s['median']:.2f} s{spread}"
+    return text if s["runs"] == runs else f"{text}, {s['runs']} of {runs}"
+
+
+def markdown_lines(results: dict[str, Any]) -> list[str]:
+    """The table docs/rendezvous.md shows: per size, each phase's median (min-max; how
+    many runs converged when not all), torch's backends as a ratio to etcd-lease, then what
+    an agent cost etcd."""
+    summ = summarize(results["rows"])
+    labels = [lb for lb in LABELS if lb in summ]
+    head = "| agents | figure | " + " | ".join(labels) + " |"
+    out = [head, "| --- | --- | " + " | ".join("---" for _ in labels) + " |"]
+    sizes = sorted({int(n) for cells in summ.values() for n in cells})
+    for n in sizes:
+        cells = {lb: summ[lb].get(str(n)) for lb in labels}
+        ours = cells.get("etcd-lease")
+        for key, title in PHASES:
+            row = []
+            for lb in labels:
+                text = _md_seconds(cells[lb], key)
+                ratio = _ratio(cells[lb], ours, key) if lb != "etcd-lease" else ""
+                row.append(text + (f"; {ratio}" if ratio and ratio != "n/a" else ""))
+            out.append(f"| {n} | {title} | " + " | ".join(row) + " |")
+        for key, title, _ in COSTS:
+            values = [(cells[lb] or {}).get(key) for lb in labels]
+            out.append(
+                f"| {n} | {title} | "
+                + " | ".join("-" if v is None else f"{v:g}" for v in values)
+                + " |"
+            )
+    return out

@@ -4,11 +4,10 @@ the worker's own keys on the v3 API, against the chart's bundled etcd with no v2
 
 Written per backend, so that each scenario of test_e2e_etcd_v3.py can run on both: BACKENDS
 holds what differs. The worker's lifelines and its leave at SIGTERM take a node out through
-torch's internals today (elastic_worker/torchcompat.py), which etcd-lease does not have:
-on etcd-lease the dead node leaves the round when its lease lapses (3 s), a SIGTERMed one
-when its torchrun exits (the handler revokes its lease), and the round re-forms without it
-at once (the first survivor that sees it gone decides: reform.py). `takes_out` says which
-backend has the worker act itself.
+torch's internals on etcd-v3 (elastic_worker/torchcompat.py) and by revoking the node's
+lease on etcd-lease (recovery/round.py's Leases): each backend's leave says so in its own
+words. The partition, node-down, own-image and TLS scenarios take a backend parameter in
+their own files.
 """
 
 from __future__ import annotations
@@ -48,8 +47,8 @@ USER_SCRIPT = [
 @dataclass(frozen=True)
 class Backend:
     name: str
-    #: The worker takes a dead or leaving node out itself (its lifelines, its leave).
-    takes_out: bool
+    #: What the worker's leave at SIGTERM says after "left rendezvous <id> " (round.py).
+    left: str
 
     @property
     def sets(self) -> list[str]:
@@ -57,8 +56,8 @@ class Backend:
 
 
 BACKENDS = {
-    "etcd-v3": Backend("etcd-v3", takes_out=True),
-    "etcd-lease": Backend("etcd-lease", takes_out=False),
+    "etcd-v3": Backend("etcd-v3", left=r"\(participants of round"),
+    "etcd-lease": Backend("etcd-lease", left=r"\(its lease revoked\)"),
 }
 #: The scenarios run here: etcd-lease (etcd-v3's are test_e2e_etcd_v3.py's).
 HERE = [pytest.param(BACKENDS["etcd-lease"], id="etcd-lease")]
@@ -79,8 +78,7 @@ def test_sigkill_one_pod_reforms_at_two_resumes_and_grows_back(
     assert kill["seconds"] is not None and kill["seconds"] < REFORM_BOUND, kill
     assert kill["steps_lost"] == 0, kill
     assert in_order(run.summary["world_sizes"], [3, 2, 3]), run.describe()
-    if backend.takes_out:
-        assert_taken_out_by_lifeline(run, pod(1), [pod(0), pod(2)])
+    assert_taken_out_by_lifeline(run, pod(1), [pod(0), pod(2)])
     for n in range(3):
         assert f"--rdzv-backend={backend.name} " in run.log(pod(n)), run.log(pod(n))[-3000:]
         assert_v3_only(run.log(pod(n)))
@@ -106,8 +104,7 @@ def test_sigterm_spot_reclaim_checkpoints_and_loses_at_most_one_step(
     assert preempt["steps_lost"] is not None and preempt["steps_lost"] <= 1, preempt
     assert preempt["seconds"] is not None and preempt["seconds"] < REFORM_BOUND, preempt
     assert f"{pod(2)}: grace period over, SIGKILL" not in run.events()
-    if backend.takes_out:
-        assert re.search(r"elastic-worker: left rendezvous \S+ \(participants of round", log2)
+    assert re.search(rf"elastic-worker: left rendezvous \S+ {backend.left}", log2), log2[-3000:]
     assert 2 in run.summary["world_sizes"], run.describe()
     assert_v3_only(log2)
     assert_cleaned_up(run)
@@ -125,4 +122,64 @@ def test_three_pods_complete_and_the_spare_free_job_ends_cleanly(
         p = run.summary["pods"][pod(n)]
         assert p["exit_code"] == 0 and p["restarts"] == 0, (pod(n), run.describe())
     assert run.summary["rendezvous_scaled_to_zero"] is True, run.describe()
+    assert_cleaned_up(run)
+
+
+@pytest.mark.parametrize("backend", HERE)
+def test_scale_up_two_to_three_then_down_to_two_while_training(
+    tmp_path: Path, backend: Backend
+) -> None:
+    run = run_local(
+        tmp_path,
+        "--scale=default=3@step=5",
+        "--scale=default=2@step=18",
+        command=probe_command(32, 4),
+        sets=[*backend.sets, "workerGroups.default.replicas=2"],
+    )
+    assert run.rc == 0, run.describe()
+    assert_nothing_lost(run, 32)
+    assert in_order(run.summary["world_sizes"], [2, 3, 2]), run.describe()
+    assert run.steps_of(pod(2)), "the added pod trained"
+    assert_cleaned_up(run)
+
+
+@pytest.mark.parametrize("backend", HERE)
+def test_four_replicas_with_max_three_the_spare_takes_a_lost_place_and_exits_zero(
+    tmp_path: Path, backend: Backend
+) -> None:
+    run = run_local(
+        tmp_path,
+        "--scale=default=4@step=3",
+        f"--kill={pod(0)}@step=12:20",
+        command=probe_command(50, 5),
+        sets=backend.sets,
+        timeout=420,
+    )
+    assert run.rc == 0, run.describe()
+    assert_nothing_lost(run, 50)
+    assert max(run.summary["world_sizes"]) == 3, run.describe()
+    first = re.search(r"^\[train\] .*$", run.log(pod(3)), re.M)
+    assert first and first.group(0).startswith("[train] resumed"), run.log(pod(3))[-3000:]
+    for n in range(4):
+        last_run = run.log(pod(n)).rsplit("==== elastic-local: worker start", 1)[-1]
+        if "[train] done" not in last_run:
+            assert run.summary["pods"][pod(n)]["exit_code"] == 0, (n, run.describe())
+    assert_cleaned_up(run)
+
+
+@pytest.mark.parametrize("backend", HERE)
+def test_restart_rendezvous_pod_the_job_recovers_and_completes(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """The bundled etcd's pod deleted and made again, empty: every lease and round is gone;
+    the nodes join anew and the job completes."""
+    run = run_local(
+        tmp_path,
+        "--restart-rendezvous@step=8",
+        command=probe_command(30, 5),
+        sets=backend.sets,
+        timeout=420,
+    )
+    assert run.rc == 0, run.describe()
+    assert_nothing_lost(run, 30)
     assert_cleaned_up(run)

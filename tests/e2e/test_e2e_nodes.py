@@ -37,8 +37,9 @@ SLOT_BACK_BOUND = 75.0
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["etcd-v2", "etcd-lease"])
 def test_a_dead_node_s_pod_comes_back_elsewhere_and_its_return_disturbs_nothing(
-    tmp_path: Path,
+    tmp_path: Path, backend: str
 ) -> None:
     # The node of the pod at group rank 1 stops at step 10 (its processes frozen, its link
     # down, no status) and returns NODE_BACK_AFTER s later. The job re-forms at 2 by loss
@@ -54,7 +55,11 @@ def test_a_dead_node_s_pod_comes_back_elsewhere_and_its_return_disturbs_nothing(
         f"--node-monitor-grace-period={GRACE}",
         steps=170,
         every=10,
-        sets=["nodeLoss.reclaim.enabled=true", f"nodeLoss.reclaim.afterSeconds={RECLAIM_AFTER}"],
+        sets=[
+            "nodeLoss.reclaim.enabled=true",
+            f"nodeLoss.reclaim.afterSeconds={RECLAIM_AFTER}",
+            f"global.rendezvousBackend={backend}",
+        ],
         timeout=480,
     )
     assert run.rc == 0, run.describe()

@@ -30,8 +30,9 @@ USER_SCRIPT_DIR = ROOT / "tests" / "e2e" / "user_script"
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["etcd-v2", "etcd-lease"])
 def test_own_image_trains_through_the_injected_worker_loses_a_node_and_completes(
-    tmp_path: Path,
+    tmp_path: Path, backend: str
 ) -> None:
     image_venv = venv()
     run = run_local(
@@ -59,6 +60,8 @@ def test_own_image_trains_through_the_injected_worker_loses_a_node_and_completes
             "worker.extraVolumeMounts[0].name=workspace",
             "worker.extraVolumeMounts[0].mountPath=/workspace",
             "worker.extraVolumeMounts[0].readOnly=true",
+            # etcd-lease's handler comes with the injected worker (its bundle's deps/).
+            f"global.rendezvousBackend={backend}",
         ],
         timeout=300,
     )  # fmt: skip
@@ -93,7 +96,7 @@ def test_own_image_trains_through_the_injected_worker_loses_a_node_and_completes
         version, where = seen["urllib3"]
         assert (version, where.startswith(str(image_venv))) == (URLLIB3, True), seen
         assert seen["workers_libraries"] == [], seen
-        assert "etcd-v3" not in seen["torchrun_handlers"], seen
+        assert not {"etcd-v3", "etcd-lease"} & set(seen["torchrun_handlers"]), seen
         assert not [p for p in seen["sys_path"] if p.startswith("/opt/elastic-worker")], seen
         assert seen["PYTHONPATH"] is None, seen
     assert_cleaned_up(run)

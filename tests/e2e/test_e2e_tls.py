@@ -109,11 +109,18 @@ def test_existing_secrets_job_loses_a_node_reforms_and_completes_over_mutual_tls
 
 
 @pytest.mark.slow
-def test_etcd_v3_mutual_tls_job_loses_a_node_reforms_and_completes_over_https(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    "backend",
+    ["etcd-v3", pytest.param("etcd-lease", marks=pytest.mark.extended)],
+)
+def test_v3_mutual_tls_job_loses_a_node_reforms_and_completes_over_https(
+    tmp_path: Path, backend: str
 ) -> None:
-    # global.rendezvousBackend=etcd-v3: torch-etcd-v3's handler and the worker's v3 client
-    # take the same protocol/ca_cert/ssl_cert/ssl_cert_key, over the v3 JSON gateway.
-    run = _completes_through_a_sigkill(tmp_path, [*MUTUAL_TLS, "global.rendezvousBackend=etcd-v3"])
+    # global.rendezvousBackend=etcd-v3 or etcd-lease: torch-etcd-v3's handlers and the
+    # worker's v3 client take the same protocol/ca_cert/ssl_cert/ssl_cert_key, over the v3
+    # JSON gateway (each watch of etcd-lease a connection of its own, over TLS too).
+    run = _completes_through_a_sigkill(
+        tmp_path, [*MUTUAL_TLS, f"global.rendezvousBackend={backend}"]
+    )
     assert_https_only(run, client_auth=True)
-    assert "--rdzv-backend=etcd-v3 " in run.log(pod(0)), run.log(pod(0))[-3000:]
+    assert f"--rdzv-backend={backend} " in run.log(pod(0)), run.log(pod(0))[-3000:]

@@ -231,7 +231,9 @@ def test_a_member_waiting_in_the_rounds_store_for_a_dead_member_stops_at_once(
     store = infos[0].store
     store.set_timeout(timedelta(seconds=60))
     started = time.monotonic()
-    threading.Timer(1.0, lambda: rounds(etcd3).take_out(str(hs[2].node))).start()
+    lost = threading.Timer(1.0, lambda: rounds(etcd3).take_out(str(hs[2].node)))
+    lost.start()
     with pytest.raises(DistStoreError, match="etcd-lease"):
         store.get("torchelastic/assigned_ranks/2")
     assert time.monotonic() - started < 10
+    lost.join(10)  # its re-form written before etcd stops

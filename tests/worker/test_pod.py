@@ -1,7 +1,8 @@
 """End to end on this machine: real etcd, real torchrun (gloo, CPU), the reference
 train.py, and elastic-worker as each node's entrypoint (plain processes on 127.0.0.1).
 etcd-v2 throughout; the completion and SIGKILL scenarios also with etcd-v3 (torchrun
---rdzv-backend=etcd-v3, the worker's keys on v3) against an etcd with the v2 API off."""
+--rdzv-backend=etcd-v3, the worker's keys on v3) against an etcd with the v2 API off, and
+the leave at SIGTERM and the lifelines with etcd-lease (its lease of 60 s as the window)."""
 
 from __future__ import annotations
 
@@ -201,9 +202,11 @@ def test_sigterm_to_one_agent_checkpoints_and_the_others_resume_without_it(
 
 #: CI budget: these pod-level scenarios on etcd-v3 are extended; tests/worker/recovery's
 #: recovery/test_round.py takes nodes out (leave and lifelines) on both backends.
+#: etcd-lease's leave and lifelines go through its own keys (round.Leases), not torch's.
 BACKENDS_V3_EXTENDED = [
     BACKENDS[0],
     pytest.param(BACKENDS[1], marks=pytest.mark.extended, id=BACKENDS[1]),
+    "etcd-lease",
 ]
 
 
@@ -334,6 +337,8 @@ def test_a_killed_node_is_taken_out_through_its_lifeline_before_its_keep_alive_l
     for agent in survivors:
         assert agent.wait(180) == 0, agent.text()[-3000:]
         assert agent.train_lines()[-1] == "[train] done step=60"
+    # On etcd-lease the round of two keeps the master's address and port: the dead node's
+    # key lapsing there 4 s later is no silent loss (lossdetect's reused round names).
     assert rounds(agents)[-2:] == [3, 2]  # one re-form (a late node may add a round before)
 
 

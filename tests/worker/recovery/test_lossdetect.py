@@ -132,6 +132,39 @@ def test_a_frozen_member_stops_the_others_training_within_the_ttl_and_itself_on_
     wait_until("pod-b's own training process to stop", pods["pod-b"].stopped_by_liveness, 5)
 
 
+def test_a_round_name_kept_by_a_re_form_stops_nobody_for_a_member_of_the_round_before(
+    pods: dict[str, Pod],
+) -> None:
+    """etcd-lease re-forms without a dead node under the same master address and port while
+    rank 0 stays: the dead node's key lapses in the round of two, whose members all renew
+    theirs (nothing is stopped); a member of the round of two that goes silent is a loss."""
+    again = {}
+    for rank, name in enumerate(("pod-a", "pod-c")):
+        again[name] = sleeper({"MASTER_ADDR": MASTER[0], "MASTER_PORT": MASTER[1]})
+        attempts = Path(pods[name].watch.args[2])  # type: ignore[index]
+        with attempts.open("a") as log:
+            log.write(
+                f"{ATTEMPT_PREFIX}run_id={JOB} restart=0 group_rank={rank} nodes=2 world_size=2 "
+                f"pid={again[name].pid}\n"
+            )
+    try:
+        time.sleep(timings.ROUND_POLL * 3)  # both read their new attempt
+        os.kill(pods["pod-b"].watch.pid, signal.SIGSTOP)  # its key lapses: the round before's
+        time.sleep(timings.ROUND_KEY_TTL + 3)
+        assert again["pod-a"].poll() is None and again["pod-c"].poll() is None
+        os.kill(pods["pod-c"].watch.pid, signal.SIGSTOP)  # one of the two
+        wait_until(
+            "pod-a's training process to be SIGKILLed",
+            lambda: again["pod-a"].poll() == -signal.SIGKILL,
+            timings.ROUND_KEY_TTL + 4,
+            every=0.05,
+        )
+    finally:
+        for proc in again.values():
+            proc.kill()
+            proc.wait()
+
+
 def test_healthy_members_and_a_clean_leave_stop_nothing(
     pods: dict[str, Pod], client: kvstore.KeyStore
 ) -> None:

@@ -51,19 +51,21 @@ AGENT = textwrap.dedent(
 )
 
 
-def _config(etcd: EtcdServer, job: str, **extra: str) -> config.Config:
-    backend = "etcd-v2" if etcd.v2 else "etcd-v3"
+def _config(etcd: EtcdServer, job: str, backend: str | None = None, **extra: str) -> config.Config:
+    backend = backend or ("etcd-v2" if etcd.v2 else "etcd-v3")
     env = worker_env(etcd.endpoint, job, POD_NAME="w0", ELASTIC_RDZV_BACKEND=backend, **extra)
     env["ELASTIC_MIN_NODES"] = env["ELASTIC_MAX_NODES"] = "1"
     env["ELASTIC_RDZV_CONF"] = "last_call_timeout=1,keep_alive_interval=5,keep_alive_max_attempt=12"
     return config.load(["python", "train.py"], env)
 
 
-def _agent(cfg: config.Config, run_id: str, timeout: float = 60) -> tuple[int, float]:
-    """Run one agent through a round of one; its pid and the seconds the round took."""
+def _agent(
+    cfg: config.Config, run_id: str, timeout: float = 60, nodes: int = 1
+) -> tuple[int, float]:
+    """Run one agent through a round of `nodes`; its pid and the seconds the round took."""
     started = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-c", AGENT, cfg.rdzv_backend, str(cfg.endpoint), run_id, "1"],
+        [sys.executable, "-c", AGENT, cfg.rdzv_backend, str(cfg.endpoint), run_id, str(nodes)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -165,14 +167,16 @@ PEER = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("backend", ["etcd-v3", "etcd-lease"])
 def test_the_lifelines_read_the_round_when_an_attempt_starts_and_take_a_dead_node_out(
-    etcd_factory: Callable[..., EtcdServer], tmp_path: Path
+    etcd_factory: Callable[..., EtcdServer], tmp_path: Path, backend: str
 ) -> None:
     """The node-loss policy's lifelines as elastic-worker runs them, on a real round: nothing
     is read before the attempt log gets a line; then the node of a peer whose elastic-worker
-    dies is taken out (a 60 s keep-alive would keep it)."""
+    dies is taken out (a 60 s keep-alive, or etcd-lease's lease of 60 s, would keep it)."""
     port = free_port()
-    cfg = _config(backend_etcd(etcd_factory, "etcd-v3"), "lines", ELASTIC_LIFELINE_PORT=str(port))
+    etcd = backend_etcd(etcd_factory, "etcd-v3")
+    cfg = _config(etcd, "lines", backend, ELASTIC_LIFELINE_PORT=str(port))
     member, _ = _agent(cfg, "lines")  # its node, 127.0.0.1, stays in the complete round
     peer = subprocess.Popen(
         [sys.executable, "-c", PEER, "127.0.0.1", str(port), str(member)],
@@ -198,7 +202,7 @@ def test_the_lifelines_read_the_round_when_an_attempt_starts_and_take_a_dead_nod
             wait_until("the lifeline held", lambda: ("127.0.0.1", member) in watcher._lines, 20)
             peer.kill()
             wait_until("the node taken out", lambda: taken == [("127.0.0.1", member)], 10)
-            assert rounds.participants(rendezvous.handler(cfg, "lines")) == []
+            assert watch.ops is not None and watch.ops.participants() == []
     finally:
         peer.kill()
         peer.wait()
@@ -280,3 +284,115 @@ def test_an_unreachable_etcd_costs_only_the_speed_up(caplog: pytest.LogCaptureFi
     with caplog.at_level(logging.INFO, logger="elastic_worker"):
         assert rounds.leave(cfg, "away", "127.0.0.1", 1) is False
     assert "could not take 127.0.0.1:1 out of rendezvous away" in caplog.text
+
+
+# -- etcd-lease: the round in the job's own keys (round.Leases) ------------------------------
+
+
+def test_on_etcd_lease_the_round_is_read_and_a_node_taken_out_without_torch(
+    etcd_factory: Callable[..., EtcdServer],
+) -> None:
+    """etcd-lease's round through its own keys (torch_etcd_v3.rounds.view): in
+    elastic-worker itself even when a warm server runs (no helper, nothing of torch), the
+    live members with their group ranks; a dead node out at once (its lease of 60 s
+    revoked), found by its address and pid; a second take-out or a leave finds it gone."""
+    cfg = _config(backend_etcd(etcd_factory, "etcd-v3"), "lease", "etcd-lease")
+    member, _ = _agent(cfg, "lease")  # os._exit: its lease outlives it by a minute
+    node = ("127.0.0.1", member)
+    ops = helper.ops_for(cfg, "lease", "/nonexistent/warm.sock")
+    assert isinstance(ops, rounds.Leases)
+    try:
+        assert ops.participants() == [node]
+        view = ops.round()
+        assert (view.complete, dict(view.ranks), view.keep_alive) == (True, {node: 0}, 60.0)
+        assert ops.remove(node, time.time()) is True
+        assert ops.participants() == []
+        assert ops.remove(node, time.time()) is False
+        assert ops.leave(node) is False
+    finally:
+        ops.close()
+    # Its round and its take-out, in a process of their own: torch is never imported.
+    probe = textwrap.dedent(
+        f"""
+        import sys
+        from elastic_worker.recovery import round as rounds
+        from elastic_worker.settings import config
+        cfg = config.load(["python", "train.py"], {dict(_env(cfg))!r})
+        ops = rounds.Leases(cfg, "lease")
+        print(ops.participants(), ops.leave(("127.0.0.1", {member})),
+              sorted(m for m in sys.modules if m.split(".")[0] == "torch"))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0] == "[] False []", out.stdout + out.stderr
+
+
+def _env(cfg: config.Config) -> dict[str, str]:
+    env = worker_env(str(cfg.endpoint), cfg.job_id, POD_NAME="w0")
+    env.update(ELASTIC_RDZV_BACKEND=cfg.rdzv_backend, ELASTIC_MIN_NODES="1", ELASTIC_MAX_NODES="1")
+    env["ELASTIC_RDZV_CONF"] = ",".join(f"{k}={v}" for k, v in cfg.rdzv_conf)
+    return env
+
+
+def test_on_etcd_lease_a_pod_holds_lifelines_to_the_next_members_in_rank_order_only(
+    etcd_factory: Callable[..., EtcdServer],
+) -> None:
+    """At n nodes each pod watches round.LIFELINE_PEERS others, not n - 1: the members after
+    its own in rank order, wrapping around, so that every member is watched by as many."""
+    cfg = _config(backend_etcd(etcd_factory, "etcd-v3"), "ring", "etcd-lease")
+    joined: list[tuple[int, float]] = []
+    agents = [
+        threading.Thread(target=lambda: joined.append(_agent(cfg, "ring", nodes=4)))
+        for _ in range(4)
+    ]
+    for agent in agents:
+        agent.start()
+    for agent in agents:
+        agent.join(90)
+    assert len(joined) == 4
+    every = rounds.Leases(cfg, "ring")
+    view = every.round()
+    by_rank = sorted(view.ranks, key=lambda n: view.ranks[n])
+    assert sorted(view.ranks.values()) == [0, 1, 2, 3]
+    assert every.participants() == by_rank  # nobody's own: the whole round
+    assert rounds.LIFELINE_PEERS == 2
+    for rank, node in enumerate(by_rank):
+        ring = rounds.Leases(cfg, "ring", own=lambda node=node: node)
+        assert ring.participants() == [by_rank[(rank + 1) % 4], by_rank[(rank + 2) % 4]]
+    every.close()
+
+
+def test_on_etcd_lease_a_stopped_node_leaves_and_an_unreachable_etcd_costs_only_the_speed_up(
+    etcd_factory: Callable[..., EtcdServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The leave at SIGTERM (policy.TorchrunWatch.signalled, round.leave) on etcd-lease: the
+    node's lease revoked, said once; with etcd away, one line and no exception."""
+    cfg = _config(backend_etcd(etcd_factory, "etcd-v3"), "bye", "etcd-lease")
+    member, _ = _agent(cfg, "bye")
+    with caplog.at_level(logging.INFO, logger="elastic_worker"):
+        assert rounds.leave(cfg, "bye", "127.0.0.1", member) is True
+        assert rounds.leave(cfg, "bye", "127.0.0.1", member) is False
+    assert caplog.text.count("left rendezvous bye (its lease revoked)") == 1
+    assert rounds.Leases(cfg, "bye").participants() == []
+    env = _env(cfg)
+    env["ELASTIC_RDZV_ENDPOINT"] = "127.0.0.1:9"
+    away = config.load(["python", "train.py"], env)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="elastic_worker"):
+        assert rounds.leave(away, "bye", "127.0.0.1", member) is False
+    assert f"could not take 127.0.0.1:{member} out of rendezvous bye" in caplog.text
+
+
+def test_on_etcd_lease_no_stuck_round_watch_runs(
+    etcd_factory: Callable[..., EtcdServer], tmp_path: Path
+) -> None:
+    """etcd-lease's store stops a wait itself once the round lost a member, so the policy
+    starts no stuck-round watch for it (its row's `unless`); on etcd-v3 it does."""
+    etcd = backend_etcd(etcd_factory, "etcd-v3")
+    for backend, watched in (("etcd-lease", False), ("etcd-v3", True)):
+        cfg = _config(etcd, "stuck", backend)
+        loss = NodeLoss(cfg, Completion(kvstore.connect(cfg), cfg), torchrun_pid=lambda: None)
+        loss.attempt_log = tmp_path / f"attempts-{backend}"
+        with loss.watch("stuck", "127.0.0.5", None).running(SimpleNamespace()):  # type: ignore[arg-type]
+            names = {t.name for t in threading.enumerate()}
+            assert ("stuck-round" in names) is watched, (backend, names)

@@ -27,6 +27,7 @@ from elastic_worker.keystore import interface as kvstore
 from elastic_worker.launch import argv
 from elastic_worker.launch.supervisor import teardown_bound
 from elastic_worker.observe import events
+from elastic_worker.recovery import round as rounds
 from elastic_worker.recovery.policy import NodeLoss
 from elastic_worker.settings.config import Config
 from elastic_worker.torchruns import Relay, Torchruns
@@ -67,7 +68,8 @@ def run(cfg: Config, client: kvstore.KeyStore, relay: Relay) -> int:
                 relay,
                 tracker=tracker,
                 recorder=recorder,
-                internals=_torch_internals(torch_check),
+                # etcd-lease's round is read and changed without torch (round.Leases)
+                internals=rounds.in_own_keys(cfg) or _torch_internals(torch_check),
             )
         )
     except exits.Exit as leave:

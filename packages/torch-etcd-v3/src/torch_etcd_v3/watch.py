@@ -35,10 +35,12 @@ class WatchEnded(EtcdError):
     """The stream ended: etcd went away, closed it, or compacted the history it needed.
     The reader reads the state afresh and watches again from there."""
 
-    def __init__(self, message: str, *, compacted: bool = False) -> None:
+    def __init__(self, message: str, *, compacted: bool = False, lost: bool = False) -> None:
         super().__init__(message)
         #: etcd no longer has the history from the watch's start: watch from now on.
-        self.compacted = compacted
+        self.compacted = compacted or lost
+        #: ... because it lost its data (its revisions count from 1 again).
+        self.lost = lost
 
 
 class Watch:
@@ -68,6 +70,14 @@ class Watch:
         self._ended = False
         #: The store's revision when etcd created the watch: it sees every change after.
         self.revision = self._created()
+        if start_revision and self.revision < start_revision - 1:
+            # etcd is behind what this client has seen: it lost its data (a new member
+            # on an empty disk) and counts from 1 again; the start is in its future.
+            self.close()
+            raise WatchEnded(
+                f"etcd's revision {self.revision} is behind {start_revision - 1}: it lost its data",
+                compacted=True,
+            )
         thread = threading.Thread(target=self._read, name="etcd-watch", daemon=True)
         thread.start()
 

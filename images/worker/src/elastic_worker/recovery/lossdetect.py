@@ -63,10 +63,14 @@ MARKER = ".round"  # not a pod name (those are DNS labels): the round's marker k
 
 @dataclass(frozen=True)
 class RoundAttempt:
-    """This pod's current attempt: its round and the program torchrun started."""
+    """This pod's current attempt: its round and the program torchrun started; `nodes` in
+    the round (its attempt line); `reused`: an earlier attempt of this pod had the same
+    round name (etcd-lease keeps the master's address and port while rank 0 stays)."""
 
     round: str
     pid: int
+    nodes: int = 0
+    reused: bool = False
 
 
 def round_of(run_id: str, pid: int) -> str | None:
@@ -140,6 +144,7 @@ class LossDetector:
         self._marker: str | None = None  # that round's marker (_read_marker)
         self._watched: str | None = None  # the round `_seen` belongs to
         self._seen: set[str] = set()  # members seen alive in that round
+        self._named: set[str] = set()  # the round names of this pod's attempts
         self.listener = listener
         #: Replaced by a newer incarnation: this pod's key is not rewritten at stop.
         self.replaced: Callable[[], bool] = lambda: False
@@ -184,7 +189,9 @@ class LossDetector:
                     continue
                 round_ = round_of(parsed.run_id, parsed.pid)
                 if round_ is not None:
-                    self._attempt = RoundAttempt(round_, parsed.pid)
+                    reused = round_ in self._named
+                    self._named.add(round_)
+                    self._attempt = RoundAttempt(round_, parsed.pid, parsed.nodes, reused)
             if self._attempt is not None and not process_alive(self._attempt.pid):
                 self._attempt = None
             return self._attempt
@@ -288,6 +295,11 @@ class LossDetector:
             return
         lapsed = sorted(self._seen - alive - left - {self.config.pod_name})
         self._seen = (self._seen | alive) - left - set(lapsed)
+        if lapsed and attempt.reused and len(alive) >= attempt.nodes:
+            # A round name reused by a re-form (etcd-lease): the keys of members of the
+            # round before, gone from this one, lapse while its own members all renew.
+            logger.debug("round %s: %s of the round before lapsed", attempt.round, lapsed)
+            return
         if lapsed:
             self.listener.peers_lapsed(attempt, lapsed, alive - set(lapsed))
 

@@ -124,7 +124,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "torchrun waits for a node that left its just-completed round",
         "stuckround.py",
-        f"this pod is held; {MAX_STUCK} relaunches in a row without training",
+        f"this pod is held; {MAX_STUCK} relaunches in a row without training; the backend "
+        "is etcd-lease (its store stops waiting itself)",
         "stop torchrun (its node leaves the round) and launch another in the same rendezvous; "
         "TorchrunRelaunched",
         "TorchrunWatch.stuck_round",
@@ -466,9 +467,11 @@ class TorchrunWatch:
             yield
             return
         cfg = self.policy.config
-        self.ops = ops = helper.ops_for(cfg, self.rdzv_id, self.warm_socket)
+        self.ops = ops = helper.ops_for(cfg, self.rdzv_id, self.warm_socket, self.own)
         stuck = None
-        if supervisor is not None:
+        # etcd-lease's store stops a wait itself once its round lost a member
+        # (torch_etcd_v3.rounds): no torchrun waits there for a gone node.
+        if supervisor is not None and not rounds.in_own_keys(cfg):
             stuck = StuckRoundWatch(self.own, ops.round, log, self.stuck_round).start()
         tail = Tail(log)
         self.lifelines = watcher = LifelineWatcher(
@@ -536,8 +539,10 @@ class TorchrunWatch:
             if not self.policy.completion.before_leave():
                 self._leave(pid)
 
-        self._leaving = threading.Thread(target=leave, name="leave", daemon=True)
-        self._leaving.start()
+        thread = threading.Thread(target=leave, name="leave", daemon=True)
+        thread.start()
+        # Set once started: exited(), on the supervisor's other thread, joins it.
+        self._leaving = thread
 
     def exited(self, pid: int) -> None:
         """Once more after torchrun is gone: a join it had in flight at the signal may have

@@ -15,11 +15,17 @@ lifelines/helper.py runs it in a helper forked from the warm server.
 
 torch comes from the user's image, so anything missing or changed costs only the
 speed-up: one log line, and the others wait for the keep-alive as before.
+
+The etcd-lease backend keeps its round in the job's own keys (torch_etcd_v3.rounds):
+`Leases` reads and changes it through that package's `Rounds`, with neither torch nor its
+internals, in elastic-worker itself (standard library only: no helper process). A node
+taken out is its lease revoked; the round re-forms without it at once.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,8 +37,20 @@ from elastic_worker.torchcompat import RdzvNode, RoundView
 
 if TYPE_CHECKING:  # torch is imported only when the round is read or changed
     from torch.distributed.elastic.rendezvous import RendezvousHandler
+    from torch_etcd_v3.rounds.view import Member, Rounds
 
 logger = logging.getLogger(__name__)
+
+#: The backend whose round is in the job's own keys (Leases), not torch's.
+OWN_KEYS_BACKEND = "etcd-lease"
+#: On etcd-lease, the members after this pod's in rank order that it holds lifelines to
+#: (a ring): each member is watched by this many others, not by all n - 1.
+LIFELINE_PEERS = 2
+
+
+def in_own_keys(config: Config) -> bool:
+    """The round is in the job's own keys (etcd-lease): Leases, not torch's internals."""
+    return config.rdzv_backend == OWN_KEYS_BACKEND
 
 
 class RoundOps(Protocol):
@@ -123,7 +141,10 @@ def take_out(
 
 
 def leave(config: Config, rdzv_id: str, addr: str | None, pid: int) -> bool:
-    """This pod's torchrun `pid` out of rendezvous `rdzv_id`, with torch imported here."""
+    """This pod's torchrun `pid` out of rendezvous `rdzv_id`, with torch imported here (on
+    etcd-lease, through its keys)."""
+    if in_own_keys(config):
+        return Leases(config, rdzv_id).leave((addr or socket.getfqdn(), pid))
     return take_out(lambda: rendezvous.handler(config, rdzv_id), rdzv_id, addr, pid)
 
 
@@ -174,3 +195,94 @@ class InProcess:
 
     def close(self) -> None:
         """Nothing to release: torch's handler lives as long as this process."""
+
+
+class Leases:
+    """RoundOps on etcd-lease, through torch_etcd_v3.rounds.view.Rounds: the round is the
+    last decision, its members' keys hold each torchrun's address and pid. `own`: this
+    pod's torchrun (None: not running), for the lifelines' ring (LIFELINE_PEERS)."""
+
+    def __init__(
+        self, config: Config, rdzv_id: str, own: Callable[[], RdzvNode | None] | None = None
+    ) -> None:
+        from torch_etcd_v3.rounds.view import Rounds  # noqa: PLC0415 - etcd-lease only
+
+        conf = dict(config.rdzv_conf)
+        self._rounds: Rounds = Rounds.connect(str(config.endpoint), rdzv_id, conf)
+        self._rdzv_id, self._own = rdzv_id, own
+        # The same seconds as the handler's lease TTL: a silent node's key lapses then.
+        self._keep_alive = float(conf["keep_alive_interval"]) * float(
+            conf["keep_alive_max_attempt"]
+        )
+        # The node id of each torchrun last read in a round: a lifeline that closes is that
+        # lease's holder, not a torchrun that joined since with the same address and pid.
+        self._nodes: dict[RdzvNode, str] = {}
+        self._lock = threading.Lock()
+
+    def _members(self) -> tuple[int, list[Member]]:
+        """The last round's number and its members whose keys are there, by rank."""
+        now = self._rounds.current()
+        if now is None:
+            return -1, []
+        live = [m for m in self._rounds.members(now) if m.info is not None]
+        with self._lock:
+            self._nodes.update({_node(m): m.node for m in live})
+        return now.number, live
+
+    def participants(self) -> list[RdzvNode]:
+        """The live members of the round; with `own` among them, only the LIFELINE_PEERS
+        after it in rank order (whom its lifelines watch)."""
+        _, live = self._members()
+        nodes = [_node(m) for m in live]
+        own = self._own() if self._own is not None else None
+        if own is None or own not in nodes:
+            return nodes
+        at = nodes.index(own)
+        ring = [nodes[(at + i) % len(nodes)] for i in range(1, len(nodes))]
+        return ring[:LIFELINE_PEERS]
+
+    def round(self) -> RoundView:
+        """A decided round is complete; its live members with their group ranks."""
+        number, live = self._members()
+        ranks = {_node(m): m.rank for m in live}
+        return RoundView(number, number >= 0, ranks, self._keep_alive)
+
+    def remove(self, node: RdzvNode, since: float) -> bool:
+        # `since` needs no comparison here: a torchrun that joined after `node` was seen
+        # dead holds another lease (another node id), which this call leaves alone.
+        with self._lock:
+            known = self._nodes.get(node)
+        return self._take_out(node, known, dead=True)
+
+    def leave(self, node: RdzvNode) -> bool:
+        return self._take_out(node, None, dead=False)
+
+    def _take_out(self, node: RdzvNode, known: str | None, *, dead: bool) -> bool:
+        shown = f"{node[0]}:{node[1]}"
+        try:
+            found = known or self._rounds.find(*node)
+            done = found is not None and self._rounds.take_out(found)
+        except Exception as exc:  # noqa: BLE001 - etcd's errors: the lease lapses instead
+            logger.info("could not take %s out of rendezvous %s: %s", shown, self._rdzv_id, exc)
+            return False
+        if done and dead:
+            logger.info(
+                "took %s out of rendezvous %s (its lease revoked): the others re-form without "
+                "it now",
+                shown,
+                self._rdzv_id,
+            )
+        elif done:
+            logger.info(
+                "left rendezvous %s (its lease revoked): the others re-form without this node now",
+                self._rdzv_id,
+            )
+        return done
+
+    def close(self) -> None:
+        self._rounds.client.close()
+
+
+def _node(member: Member) -> RdzvNode:
+    assert member.info is not None
+    return (member.info.addr, member.info.pid)

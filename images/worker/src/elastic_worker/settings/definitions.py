@@ -114,9 +114,10 @@ SETTINGS: tuple[Setting, ...] = (
         "true",
         Source.VALUE,
         "rendezvous.lifeline.enabled",
-        "hold a TCP connection to every other node of the round; when one closes and the "
-        "peer's torchrun is gone, take its node out of torch's round at once instead of "
-        "waiting for its keep-alive (docs/notes/2026-11-26-lifelines.md)",
+        "hold a TCP connection to every other node of the round (on etcd-lease, to the next "
+        "two in rank order); when one closes and the peer's torchrun is gone, take its node "
+        "out of the round at once instead of waiting for its keep-alive "
+        "(docs/notes/2026-11-26-lifelines.md)",
     ),
     Setting(
         "ELASTIC_LIFELINE_PORT",

@@ -1,9 +1,15 @@
 """The decisions a node sees: one watch on the decision and the closing ([d, d0)) for the
 node's whole life, opened at its first join. It carries a change a round (the decision,
 once), so it costs etcd nothing in between, and a node that joins again reads from it
-instead of opening a watch per join. A waiter (wait.py) reads it while it waits, a member
-(training.py) while its round trains; a decision older than what the reader already knows
-is skipped by the reader."""
+instead of opening a watch per join. A waiter (wait.py) reads its events while it waits, a
+member (training.py) asks whether a decision newer than its round came.
+
+When the watch must start over (etcd away, then back) it starts from where it was. Where
+etcd no longer has that history (compacted: the bundled etcd keeps an hour) the decision is
+read once instead, so that a long quiet round is not taken for a changed one; where etcd
+lost its data (a new member on an empty disk: revisions count from 1 again) every round is
+gone, and the members say so (`lost_data`).
+"""
 
 from __future__ import annotations
 
@@ -23,13 +29,15 @@ class Decisions:
         self._lock = threading.Lock()
         self._watch: Watch | None = None
         self._after = 0  # the last revision delivered
-        #: Set when the watch had to start over from the present (history compacted, or
-        #: etcd away): a reader reads the state afresh, for it may have missed a change.
+        #: The watch started over without its history: a waiter reads the state afresh,
+        #: for it may have missed a change (wait.py clears it).
         self.gap = False
-        #: The newest decision delivered (with its value), None before any or once it
-        #: lapsed; whether the closing was.
+        #: etcd lost its data since this node joined: no round of before exists any more.
+        self.lost_data = False
+        #: The newest decision known (with its value), None before any or once it lapsed;
+        #: whether the closing came.
         self.latest: KeyValue | None = None
-        self._latest_at = 0
+        self._latest_at = 0  # the revision of that knowledge (a decision's, or its delete's)
         self.closed = False
 
     def open(self, after: int) -> None:
@@ -42,14 +50,30 @@ class Decisions:
     def _start(self) -> Watch | None:
         keys = self._keys
         try:
-            start = self._after + 1 if self._after else 0
-            watch = Watch(self._client, keys.decision, keys.decisions_end, start)
+            try:
+                start = self._after + 1 if self._after else 0
+                watch = Watch(self._client, keys.decision, keys.decisions_end, start)
+            except WatchEnded as exc:
+                if not exc.compacted:
+                    raise
+                watch = self._start_over(lost=exc.lost)
         except EtcdError as exc:  # asked again at the next call
             log.debug("etcd-lease: no watch of the decisions: %s", exc)
-            self.gap = True
             return None
         if not self._after:
             self._after = watch.revision
+        return watch
+
+    def _start_over(self, *, lost: bool) -> Watch:
+        """The history the watch needed is gone: from now on, the decision read afresh."""
+        self.gap = True
+        if lost:
+            self.lost_data, self.latest, self._latest_at = True, None, 0
+        watch = Watch(self._client, self._keys.decision, self._keys.decisions_end)
+        self._after = watch.revision
+        if not lost:
+            kv, at = self._client.get(self._keys.decision)
+            self._saw(kv, kv.mod_revision if kv is not None else at)
         return watch
 
     def next(self, timeout: float) -> list[Event]:
@@ -66,8 +90,11 @@ class Decisions:
                 if self._watch is watch:
                     watch.close()
                     self._watch = None
-                if exc.compacted:  # from now on; what came before is read afresh
-                    self._after, self.gap = 0, True
+                if exc.compacted:
+                    try:
+                        self._watch = self._start_over(lost=exc.lost)
+                    except EtcdError as again:
+                        log.debug("etcd-lease: no watch of the decisions: %s", again)
             return []
         with self._lock:
             for event in events:
@@ -86,6 +113,17 @@ class Decisions:
     def _saw(self, kv: KeyValue | None, revision: int) -> None:
         if revision >= self._latest_at:
             self.latest, self._latest_at = kv, revision
+
+    def newer_than(self, round_id: int) -> bool:
+        """A decision after round `round_id` came (or it lapsed, or etcd lost its data):
+        that round is over."""
+        with self._lock:
+            return self.lost_data or self._latest_at > round_id
+
+    def joined(self) -> None:
+        """This node is in a round of the etcd it sees now (lost_data is history)."""
+        with self._lock:
+            self.lost_data = False
 
     def drain(self) -> None:
         """Take in what has arrived, without waiting (`latest`, `closed`)."""

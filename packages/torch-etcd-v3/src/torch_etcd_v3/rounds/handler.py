@@ -50,10 +50,16 @@ _local_ids = itertools.count()
 
 def free_port() -> int:
     """A port free on this host now: the master's, if this node becomes rank 0 (torch's
-    agents pick one the same way)."""
-    with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+    agents pick one the same way). IPv6 where the host has it (torch's TCPStore listens
+    on both), else IPv4."""
+    for family in (socket.AF_INET6, socket.AF_INET):
+        try:
+            with socket.socket(family) as sock:
+                sock.bind(("", 0))
+                return int(sock.getsockname()[1])
+        except OSError:
+            continue
+    raise OSError("no free port: neither IPv6 nor IPv4 sockets can be bound")
 
 
 class EtcdLeaseRendezvousHandler(RendezvousHandler):

@@ -1,17 +1,18 @@
-"""The rendezvous of `etcd-lease`, standard library only: a node joins the open round,
-waits for its decision, writes the decision itself when it sees the rule hold
-(rule.py), and, while its round trains, learns from one watch who waits and who is gone.
+"""The rendezvous of `etcd-lease`, standard library only: a node adopts a round decided for
+it since its last (a re-form: reform.py), else joins the open round, waits for its
+decision and writes the decision itself when it sees the rule hold (rule.py); while its
+round trains it learns from a watch who waits and who is gone (training.py).
 
 What a node costs etcd, whatever the size of the job:
-- a join: one transaction (two for a node that has not seen the last decision): its
-  membership and join keys written, the open round counted in the same transaction;
-- waiting: one watch on the decision (and, while it is the newest joiner, on the joins);
+- a join: one transaction (two for a node that has not seen the last decision): its join
+  key written and the open round counted in the same transaction; none when it adopts;
+- waiting: its one watch of the decisions (decisions.py); the newest joiner also watches
+  the joins (wait.py);
 - a heartbeat: one lease keep-alive (member.py);
-- while training: the same watch, read when torch's agent asks `num_nodes_waiting`;
+- while training: a watch, read when torch's agent asks `num_nodes_waiting`;
 - the node that decides reads the joins and writes the decision once: O(n) bytes a round.
 
-Who decides: the node that sees the rule hold first (wait.py says who looks when). The
-decision is a transaction that writes `d` only if it is still the one the decider read,
+A decision is a transaction that writes `d` only if it is still the one its writer read,
 so a round is decided once.
 """
 
@@ -47,6 +48,12 @@ from .wait import Waiter
 #: Seconds a member that saw another die waits for the round re-formed without it before
 #: it joins as usual (whoever re-forms it, normally at once, may have died too).
 REFORM_WAIT = 1.0
+#: Seconds a member of a round of more than GRACE_FROM nodes that saw nothing (its own
+#: workers failed) waits for a re-form decided by whoever saw a peer die, before it joins:
+#: its n-1 peers' joins would race that re-form (a second of etcd's time at 1,024 nodes).
+#: A smaller round's joins cost little, and a node that restarts alone pays it once.
+REFORM_GRACE = 0.5
+GRACE_FROM = 64
 #: The first pause before a join that etcd could not answer is tried again, and the most.
 PAUSE = 0.2
 PAUSE_MOST = 5.0
@@ -117,18 +124,23 @@ class Rendezvous:
 
     def _join(self, deadline: float) -> tuple[Round, int]:
         # What the round's watch holds: a member seen gone is re-formed without (by this
-        # node, if it is the first live one); the others wait for that, not join.
+        # node, if it is the first live one); the others wait for that, not join. A member
+        # that saw nothing (its workers failed: a peer's death is the usual cause) waits a
+        # moment for that re-form too, before it writes a join: at a loss of one of n
+        # nodes the n-1 others would otherwise all write one, racing the re-form.
         self._training.waiting()
-        lost = bool(self._training.gone())
+        lost, saw_join = bool(self._training.gone()), self._training.saw_join()
+        large = self.round is not None and len(self.round.members) > GRACE_FROM
+        wait = REFORM_WAIT if lost else REFORM_GRACE if large and not saw_join else 0.0
         self._training.stop()
         self.decisions.drain()
         while True:
             adopted = self._adopt(self.decisions.latest)
             if adopted is not None:
                 return adopted
-            if lost:
-                lost = False
-                self._await_reform(min(deadline, time.monotonic() + REFORM_WAIT))
+            if wait:
+                self._await_reform(min(deadline, time.monotonic() + wait))
+                wait = 0.0
                 continue
             joined = self._put_join()
             if joined is None:
@@ -143,6 +155,7 @@ class Rendezvous:
 
     def _take(self, round_: Round, node: str) -> tuple[Round, int]:
         self.round, self.spare = round_, False
+        self.decisions.joined()
         self.membership.keep_round(round_.lease)
         self._training.start(round_)
         return round_, round_.members.index(node)

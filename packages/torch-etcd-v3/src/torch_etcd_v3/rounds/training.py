@@ -37,6 +37,7 @@ class Training:
         #: Called (in `waiting`'s thread) with the round and its members seen gone.
         self._on_gone = on_gone
         self._gone: set[str] = set()
+        self._joined = False
         self._lock = threading.Lock()
         self._members: frozenset[str] = frozenset()
         self._round: Round | None = None
@@ -51,7 +52,14 @@ class Training:
             self._round, self._waiting, self._after = round_, 0, round_.id
             self._members = frozenset(round_.members)
             self._gone = set()
+            self._joined = False
             self._watch = self._open()
+
+    def saw_join(self) -> bool:
+        """A node joined the next round while this one trained (a newcomer, or a member
+        that restarts): this member's restart is a re-join, nothing to wait for."""
+        with self._lock:
+            return self._joined
 
     def gone(self) -> frozenset[str]:
         """The members of the round seen gone (taken in by `waiting`)."""
@@ -73,16 +81,25 @@ class Training:
         if round_ is None:
             return None
         try:
-            return Watch(
-                self._client,
-                keys.base + b"j/",
-                keys.changes_end,
-                self._after + 1,
-                until=lambda event: self._counts(round_, event) > 0,
-            )
+            return self._watch_from(keys, round_)
+        except WatchEnded as exc:
+            if exc.compacted:  # etcd lost its history (its data): this round is gone too
+                self._waiting = 1
+            return None
         except EtcdError as exc:  # asked again at the next call
             log.debug("etcd-lease: no watch of the round: %s", exc)
             return None
+
+    def _watch_from(self, keys: Keys, round_: Round) -> Watch:
+        """The joins and the members from the round's decision on, until a change that
+        counts (in the reader's thread: the rest of a re-form is never read)."""
+        return Watch(
+            self._client,
+            keys.base + b"j/",
+            keys.changes_end,
+            self._after + 1,
+            until=lambda event: self._counts(round_, event) > 0,
+        )
 
     def waiting(self) -> int:
         """torch's num_nodes_waiting for this member (protocol.Rendezvous.waiting)."""
@@ -90,15 +107,14 @@ class Training:
             round_ = self._round
             if round_ is None or self._waiting:
                 return self._waiting
-            for event in self._decisions.next(0):
-                if event.kv.key == self._keys.decision and event.kv.mod_revision > round_.id:
-                    self._waiting = 1  # a newer round (or its lapse): this one is over
-            if self._decisions.gap or self._waiting:
+            self._decisions.drain()
+            if self._decisions.newer_than(round_.id):
+                self._waiting = 1  # a newer round (or the lapse of this one's)
                 self._close()
-                return max(self._waiting, int(self._decisions.gap))
+                return self._waiting
             watch = self._watch = self._watch or self._open()
             if watch is None:
-                return 0
+                return self._waiting
             try:
                 while not self._waiting:
                     events = watch.next(0)
@@ -107,11 +123,7 @@ class Training:
                     for event in events:
                         self._after = max(self._after, event.kv.mod_revision)
                         self._waiting = max(self._waiting, self._counts(round_, event))
-                        if (
-                            event.kind == DELETE
-                            and self._keys.node_of(event.kv.key) in self._members
-                        ):
-                            self._gone.add(str(self._keys.node_of(event.kv.key)))
+                        self._note(round_, event)
             except WatchEnded:
                 self._close()  # opened again from where it was at the next call
                 return 0
@@ -120,6 +132,15 @@ class Training:
         if gone:
             self._on_gone(round_, gone)  # outside the lock: it writes to etcd
         return self._waiting
+
+    def _note(self, round_: Round, event: Event) -> None:
+        """Why the round is over for this member: a member gone, or a join of the next."""
+        node = self._keys.node_of(event.kv.key)
+        if event.kind == DELETE and node is not None and node in self._members:
+            self._gone.add(node)
+        joined = self._keys.join_of(event.kv.key)
+        if event.kind == PUT and joined is not None and joined[0] == round_.id:
+            self._joined = True
 
     def _counts(self, round_: Round, event: Event) -> int:
         """What `event` adds to torch's `num_nodes_waiting` of `round_`'s member."""

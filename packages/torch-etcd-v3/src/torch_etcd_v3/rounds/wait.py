@@ -127,7 +127,10 @@ class Waiter:
         check's time. `fallback`: a waiter's own check, FALLBACK s after the last."""
         seen, rdzv = self.seen, self.rdzv
         if seen.decision is not None and seen.decision.mod_revision > self.my_rev:
-            return rdzv.read_round()  # counted before its event came
+            try:
+                return rdzv.read_round()  # counted before its event came
+            except (WatchEnded, RosterMissing):
+                return GONE  # gone again already: join afresh
         if seen.closed:
             raise Closed
         if seen.decision is None and rdzv.last_decision() is not None:

@@ -15,13 +15,13 @@ import select
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from elastic_worker import bundle, timings
 from elastic_worker.recovery.lifelines import messages
 from elastic_worker.recovery.lifelines.messages import HelperError
-from elastic_worker.recovery.round import InProcess, RoundOps
+from elastic_worker.recovery.round import InProcess, Leases, RoundOps, in_own_keys
 from elastic_worker.settings import config
 from elastic_worker.settings.config import Config
 from elastic_worker.torchcompat import RdzvNode, RoundView
@@ -115,8 +115,16 @@ class HelperClient:
             self._end(proc)
 
 
-def ops_for(config: Config, rdzv_id: str, warm_socket: str | None) -> RoundOps:
-    """In a helper forked from the warm server when one runs (`warm_socket`), else here."""
+def ops_for(
+    config: Config,
+    rdzv_id: str,
+    warm_socket: str | None,
+    own: Callable[[], RdzvNode | None] | None = None,
+) -> RoundOps:
+    """In a helper forked from the warm server when one runs (`warm_socket`), else here;
+    on etcd-lease here always (round.Leases needs no torch); `own`: this pod's torchrun."""
+    if in_own_keys(config):
+        return Leases(config, rdzv_id, own)
     if warm_socket is None:
         return InProcess(config, rdzv_id)
     return HelperClient(warm_socket, rdzv_id)
