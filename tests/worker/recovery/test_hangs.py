@@ -69,6 +69,14 @@ def test_one_slow_step_does_not_move_the_bound_much() -> None:
     assert clock.step_time() == 10.0
 
 
+def test_steps_shorter_than_a_poll_are_counted_each() -> None:
+    """Four steps seen in one 0.5 s poll are steps of 0.125 s, not one of 0.5 s."""
+    clock = hangs.Clock(now=0.0)
+    for i in range(1, 12):
+        clock.observe({"rank 0": 4 * i}, now=0.5 * i)
+    assert clock.step_time() == 0.125
+
+
 def test_files_that_appear_with_nothing_stepped_are_no_step() -> None:
     clock = hangs.Clock(now=0.0)
     assert not clock.observe({"rank 0": 0, "rank 1": 0}, now=1.0)
@@ -154,6 +162,23 @@ def test_ranks_all_waiting_at_one_place_restart_the_round() -> None:
     assert verdict is not None and verdict.culprits == ()
     tie = hangs.blame([state(0, stack="a"), state(1, stack="b")])
     assert tie is not None and tie.culprits == ()
+
+
+def test_where_a_warm_childs_rank_waits_names_the_users_script() -> None:
+    """Under a warm child the server's frames are outermost: the script's are named."""
+    frames = [
+        hangs.Frame("/usr/lib/python3.11/threading.py", 327, "wait"),
+        hangs.Frame("/opt/user-script/train.py", 40, "before_step"),
+        hangs.Frame("/opt/user-script/train.py", 90, "<module>"),
+        hangs.Frame("<frozen runpy>", 88, "_run_code"),
+        hangs.Frame("/x/elastic_worker/warm/child.py", 47, "_run"),
+        hangs.Frame("/x/elastic_worker/warm/server.py", 294, "_become_child"),
+        hangs.Frame("/x/elastic_worker/warm/server.py", 400, "<module>"),
+    ]
+    assert (
+        hangs.describe(frames)
+        == "in wait (threading.py:327), called from train.py:40 in before_step"
+    )
 
 
 # -- stacks from a real process -------------------------------------------------------------
@@ -265,7 +290,7 @@ def free_port() -> int:
 def pods(
     client: kvstore.KeyStore, tmp_path: Path, how: str, n: int = 2
 ) -> Iterator[tuple[list[hangs.HangWatch], list[Heard]]]:
-    """`n` pods of one rank each in a gloo job whose rank 1 hangs at step 3 as `how` says,
+    """`n` pods of one rank each in a gloo job whose rank 1 hangs at step 12 as `how` says,
     each watched by a HangWatch of its own; the round's members alive in etcd."""
     port, round_ = free_port(), "hang42@127.0.0.1:0"
     procs, watches, heard = [], [], []
@@ -281,7 +306,7 @@ def pods(
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "GLOO_SOCKET_IFNAME": "lo",
-            "HANG_AT": "3",
+            "HANG_AT": "12",
             "HANG_RANK": "1",
             "HANG_HOW": how,
             "HANG_FILE": str(tmp_path / "checkpoint"),

@@ -98,13 +98,13 @@ class Clock:
     def observe(self, counts: dict[str, int], now: float) -> bool:
         """`counts`: each source's count read now (a rank's steps, the script's `step=`);
         True when one went past what it was (a rank that appears at 0 has not stepped)."""
-        moved = any(n > self._counts.get(source, 0) for source, n in counts.items())
+        steps = max((n - self._counts.get(source, 0) for source, n in counts.items()), default=0)
         for source, n in counts.items():
             self._counts[source] = max(n, self._counts.get(source, 0))
-        if not moved:
+        if steps <= 0:
             return False
-        if self._steps > 0:
-            self._intervals.append(now - self.last)
+        if self._steps > 0:  # `steps` steps since the last seen: steps shorter than a poll
+            self._intervals.extend([(now - self.last) / steps] * min(steps, STEP_HISTORY))
         self._steps += 1
         self.last = now
         return True
@@ -160,9 +160,15 @@ def in_collective(frames: list[Frame]) -> bool:
 
 
 def script_frame(frames: list[Frame]) -> Frame | None:
-    """The innermost frame of the script's own file (the file of the outermost `<module>`
-    frame: under a warm child the server's and runpy's frames come before it)."""
-    modules = [f for f in frames if f.func == "<module>" and "runpy" not in f.file]
+    """The innermost frame of the script's own file: the file of the outermost `<module>`
+    frame that is neither runpy's nor ours (under a warm child the server's come first)."""
+    modules = [
+        f
+        for f in frames
+        if f.func == "<module>"
+        and "runpy" not in f.file
+        and f"/{__package__.split('.')[0]}/" not in f.file
+    ]
     if not modules:
         return frames[0] if frames else None
     script = modules[-1].file
