@@ -142,9 +142,11 @@ class HangRun:
         return later[0]
 
 
-def run_hangs(tmp_path: Path, command: list[str], timeout: float = 300) -> HangRun:
+def run_hangs(
+    tmp_path: Path, command: list[str], sets: list[str] | None = None, timeout: float = 300
+) -> HangRun:
     """`elastic-local run` of the chart on `command`, to its end, its Events kept."""
-    cmd = local_command(tmp_path, command=command, sets=HANG_SETS, timeout=timeout)
+    cmd = local_command(tmp_path, command=command, sets=HANG_SETS + (sets or []), timeout=timeout)
     watch = EventWatch(tmp_path / "out" / "kubeconfig")
     thread = watch.start()
     start = time.monotonic()
@@ -238,7 +240,8 @@ def test_a_slow_step_is_left_alone(tmp_path: Path) -> None:
     assert_completed(h, steps)
 
 
-FIRST_STEP = 25.0  # s: 5 x the floor, within hangDetection.firstStepSeconds (default 1200)
+FIRST_STEP = 25.0  # s: 5 x the floor, within hangDetection.firstStepSeconds
+FIRST_STEP_BOUND = 90  # s: hangDetection.firstStepSeconds (default 1200)
 
 
 def test_a_long_first_step_is_left_alone(tmp_path: Path) -> None:
@@ -246,7 +249,8 @@ def test_a_long_first_step_is_left_alone(tmp_path: Path) -> None:
     # in DDP's first all-reduce, as they would for a hung rank
     steps = 12
     h = run_hangs(tmp_path, stalls_command(steps, "--stall", "first-step", "--stall-rank", "1",
-                                           "--first-step-seconds", str(FIRST_STEP)))  # fmt: skip
+                                           "--first-step-seconds", str(FIRST_STEP)),
+                  sets=[f"hangDetection.firstStepSeconds={FIRST_STEP_BOUND}"])  # fmt: skip
     warm = [s for s in h.script_lines() if s.text.startswith("warming up")]
     assert warm, h.run.describe()
     first = h.next_step_after(warm[0].at)
