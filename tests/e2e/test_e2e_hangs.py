@@ -183,15 +183,25 @@ def assert_taken_out(h: HangRun, stalled: ScriptLine, what: str) -> None:
     run = h.run
     culprit, rank = stalled.pod, stalled.rank
     log = run.log(culprit)
-    assert f"rank {rank} hung" in log, f"{culprit}\n{run.timeline('hung', 'stack')}"
-    # its Python stack, as faulthandler writes it, down to the user's frame that blocks
-    assert re.search(r'File "/opt/user-script/stalls\.py", line \d+ in before_step', log), log[
-        -6000:
-    ]
+    assert f"rank {rank} hung" in log, f"{culprit}\n{run.timeline('hung', 'hang seen')}"
+    # its stack in its pod's log, down to the user's frame that blocks
+    # (elastic_worker/recovery/hangs.py: "stack of rank R (pid P), ..." then a frame a line)
+    assert f"stack of rank {rank} " in log, log[-6000:]
+    assert re.search(r"/opt/user-script/stalls\.py:\d+ in before_step", log), log[-6000:]
     if what == "side-collective":
-        assert re.search(r'File ".*distributed_c10d\.py", line \d+ in all_reduce', log), log[-6000:]
+        assert re.search(r"distributed_c10d\.py:\d+ in all_reduce", log), log[-6000:]
+    # the other pods of the round said whom they found
+    for other in worker_pods(run.summary):
+        if other != culprit:
+            seen = run.log(other)
+            assert re.search(rf"hang seen: .*rank {rank} of {culprit} ", seen), (
+                other,
+                run.timeline("hung", "hang seen"),
+            )
     hung = h.watch.with_reason("RankHung")
     assert [(e["pod"], e["type"]) for e in hung] == [(culprit, "Warning")], h.watch.events
+    assert f"rank {rank} hung" in hung[0]["message"], hung
+    assert h.watch.with_reason("RoundHung") == [], h.watch.events  # a culprit, not the round
     # the job trains again after the hang, without the hung process
     again = h.next_step_after(stalled.at)
     took = again.at - stalled.at
@@ -204,8 +214,11 @@ def assert_left_alone(h: HangRun) -> None:
     """No rank was called hung, no RankHung Event, no round restarted by the watch."""
     run = h.run
     logs = {p: run.log(p) for p in worker_pods(run.summary)}
-    assert not [p for p, text in logs.items() if " hung" in text], run.timeline("hung")
+    # not even judged: the stall stayed within the bound (no stack taken, nobody named)
+    judged = [p for p, text in logs.items() if re.search(r"rank \d+ hung|stack of rank ", text)]
+    assert not judged, run.timeline("hung", "stack of rank", "hang seen")
     assert h.watch.with_reason("RankHung") == [], h.watch.events
+    assert h.watch.with_reason("RoundHung") == [], h.watch.events
     s = run.summary
     # one round, or rounds that only grew the job (a pod late to the bring-up)
     sizes = s["world_sizes"]
