@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from elastic_worker.recovery.hangs import DETAIL_PREFIXES
+
 from localrun.chart import WORKER
 
 _ATTEMPT = re.compile(r"\[elastic-worker\] attempt (.*)$")
@@ -173,6 +175,8 @@ def parse_line(container: str, line: str) -> Parsed | None:
         fact = parse_worker_line(text)
         if fact is not None:
             return fact
+        if text[len(WORKER_PREFIX) :].lstrip().startswith(DETAIL_PREFIXES):  # a hang's detail
+            return WorkerMessage(text, shown=False)
     if text.startswith(WORKER_PREFIX) or (
         container not in {WORKER, "etcd"}
         and any(w in text.lower() for w in ("warn", "error", "fail"))

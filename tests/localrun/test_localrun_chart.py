@@ -112,6 +112,21 @@ def test_worker_lines_and_other_containers_warnings_are_shown() -> None:
     assert parse_line("etcd", "a warning from etcd") is None
 
 
+def test_a_hang_is_one_line_of_the_view_and_its_stacks_stay_in_the_log() -> None:
+    """The culprit's pod says what it found and does; each rank's stack and the other
+    pods' word on the culprit are kept, not printed (recovery/hangs.py's detail lines)."""
+    stop = (
+        "elastic-worker: hang: no rank of round r@a:1 stepped for 31 s: rank 1 hung, outside "
+        "any collective while 2 rank(s) wait in one (...): stopping this pod's training process"
+    )
+    assert parse_line("worker", stop) == WorkerMessage(stop, shown=True)
+    for detail in (
+        "elastic-worker: stack of rank 1 (pid 7), no step for 31 s: waits in wait (x.py:3)",
+        "elastic-worker: hang seen: no rank of round r@a:1 stepped for 31 s: rank 1 of p-1 ...",
+    ):
+        assert parse_line("worker", detail) == WorkerMessage(detail, shown=False)
+
+
 def test_client_port_comes_from_the_rendered_container() -> None:
     spec = {"containers": [{"name": "etcd", "ports": [{"name": "client", "containerPort": 2479}]}]}
     assert chart.client_port(spec) == 2479

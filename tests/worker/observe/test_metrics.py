@@ -105,6 +105,7 @@ def test_every_series_carries_elastic_job_and_group_and_nothing_else() -> None:
                 extra <= {"le", "elastic_job_pod_state"}
                 or (sample.name == "elastic_job_node_info" and extra == node)
                 or (sample.name.startswith("elastic_job_restores_") and extra == {"source"})
+                or (sample.name.startswith("elastic_job_hangs_") and extra == {"action"})
             ), sample
             assert (sample.labels["elastic_job"], sample.labels["group"]) == (WHO.job, WHO.group)
 

@@ -23,7 +23,7 @@ from elastic_worker.keystore import etcdv2
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.launch.supervisor import Hooks, Supervisor
 from elastic_worker.observe import events
-from elastic_worker.recovery import generations, lossdetect, policy
+from elastic_worker.recovery import generations, hangs, lossdetect, policy
 from elastic_worker.recovery import round as rounds
 from elastic_worker.recovery.lifelines.messages import HelperError
 from elastic_worker.recovery.lossdetect import RoundAttempt
@@ -89,8 +89,8 @@ class Calls:
         if name.startswith("_"):
             raise AttributeError(name)
 
-        def call(*args: Any) -> Any:
-            self.made.append((name, args))
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.made.append((name, (*args, *kwargs.values())))
             return self.answers.get(name)
 
         return call
@@ -132,11 +132,16 @@ def test_every_row_names_a_method_that_carries_it_out() -> None:
 
 
 def test_every_signal_a_detector_or_the_supervisor_reports_has_its_row() -> None:
-    """What lossdetect.Listener and the supervisor's Hooks report are rows; held() and
-    replaced() are the guards the rows name."""
+    """What lossdetect's and hangs' Listeners and the supervisor's Hooks report are rows;
+    held() and replaced() are the guards the rows name."""
     guards = {"held", "replaced"}
     rows = {rule.method.partition(".")[2] for rule in RULES}
-    listened = {n for n, _ in inspect.getmembers(lossdetect.Listener) if not n.startswith("_")}
+    listened = {
+        n
+        for listener in (lossdetect.Listener, hangs.Listener)
+        for n, _ in inspect.getmembers(listener)
+        if not n.startswith("_")
+    }
     hooked = {n for n, _ in inspect.getmembers(Hooks) if not n.startswith("_")}
     # exited() is the second half of the SIGTERM row (signalled)
     assert (listened | hooked) - guards - {"exited"} <= rows
@@ -463,3 +468,52 @@ def test_a_peer_seen_alive_again_is_not_watched_any_more() -> None:
     loss = make()
     loss.peers_alive({"run42-worker-2"})
     assert loss.reclaimer.made == [("alive", ({"run42-worker-2"},))]  # type: ignore[union-attr]
+
+
+# -- no rank of the round stepped for the hang bound ------------------------------------------
+
+
+def hung_rank(rank: int, pod: str) -> hangs.RankState:
+    return hangs.RankState(rank, pod, 7, "x", "in wait (threading.py:327)", False, False)
+
+
+def test_a_hung_rank_of_this_pod_stops_its_attempt_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    complete(monkeypatch, False)
+    loss = make()
+    verdict = hangs.Verdict((hung_rank(1, "run42-worker-1"),), "outside any collective")
+    loss.hung(ATTEMPT, verdict, 31.0)
+    assert made(loss.detector) == ["stop_attempt"]  # type: ignore[arg-type]
+    _, (attempt, why, cause) = loss.detector.made[0]  # type: ignore[union-attr]
+    assert (attempt, cause) == (ATTEMPT, "hang")
+    assert "rank 1 hung, outside any collective" in why and "in wait" in why
+    assert said(loss) == ["RankHung"]
+
+
+def test_a_hung_rank_of_another_pod_is_left_to_that_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    complete(monkeypatch, False)
+    loss = make()
+    loss.hung(ATTEMPT, hangs.Verdict((hung_rank(2, "run42-worker-2"),), "behind"), 31.0)
+    assert loss.detector.made == [] and said(loss) == []  # type: ignore[union-attr]
+
+
+def test_no_single_culprit_restarts_the_round_from_every_pod(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    complete(monkeypatch, False)
+    loss = make()
+    loss.hung(ATTEMPT, hangs.Verdict((), "every rank waits at the same place"), 31.0)
+    assert made(loss.detector) == ["stop_attempt"]  # type: ignore[arg-type]
+    assert said(loss) == ["RoundHung"]
+
+
+@pytest.mark.parametrize("why", ["held", "complete"])
+def test_a_hang_stops_nothing_while_held_or_once_the_job_is_complete(
+    monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    complete(monkeypatch, why == "complete")
+    loss = make()
+    loss.fence.holding = why == "held"  # type: ignore[misc]
+    loss.hung(ATTEMPT, hangs.Verdict((hung_rank(1, "run42-worker-1"),), "behind"), 31.0)
+    assert loss.detector.made == [] and said(loss) == []  # type: ignore[union-attr]

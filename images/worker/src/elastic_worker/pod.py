@@ -223,6 +223,7 @@ def _train(
             recorder=recorder,
             replaced=relay.replaced,
             internals=internals,
+            tracker=tracker,
         )
         services.enter_context(node_loss)
         node_loss.start(

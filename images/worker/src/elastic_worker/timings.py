@@ -50,6 +50,17 @@ STUCK_SLACK = 2.0
 #: A torchrun stopped to be launched again has no workers: it ends at once, else SIGKILL.
 RELAUNCH_GRACE = 10.0
 
+# -- a rank that hangs while alive (recovery/hangs.py) ------------------------------------
+HANG_POLL = 0.5  # between two reads of the rank files (a step seen within it)
+#: Between a rank's two stack dumps: a stack that changed in it moves (slow, not hung).
+STACK_GAP = 1.0
+STACK_WAIT = 2.0  # for a dump to be written (faulthandler writes it at once)
+#: For every member of the round to report its stall: they see it within a poll or two
+#: of each other; one that does not report in this time still steps.
+HANG_AGREE_FOR = 15.0
+#: A stall report outlives the judgement by this; a pod that steps again deletes its own.
+HANG_REPORT_TTL = 60
+
 # -- this incarnation fenced (recovery/fence.py) -----------------------------------------
 FENCE_API_TIMEOUT = 5.0
 #: A "this pod" answer stands this long before the next sign asks again.

@@ -79,6 +79,20 @@ TORCHRUN_RELAUNCHED = Reason(
 PEER_RECLAIMED = Reason(
     "PeerReclaimed", WARNING, (POD,), "a lost peer's node stayed NotReady: its pod was deleted"
 )
+RANK_HUNG = Reason(
+    "RankHung",
+    WARNING,
+    (POD,),
+    "no rank of the round stepped for the hang bound and this pod's rank holds it: its "
+    "training processes were stopped",
+)
+ROUND_HUNG = Reason(
+    "RoundHung",
+    WARNING,
+    (POD,),
+    "no rank of the round stepped for the hang bound and no single rank holds it: the "
+    "round restarts",
+)
 
 #: Every reason the worker records.
 REASONS: tuple[Reason, ...] = (
@@ -94,6 +108,8 @@ REASONS: tuple[Reason, ...] = (
     EXIT_BARRIER,
     TORCHRUN_RELAUNCHED,
     PEER_RECLAIMED,
+    RANK_HUNG,
+    ROUND_HUNG,
 )
 
 

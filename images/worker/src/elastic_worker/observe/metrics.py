@@ -51,6 +51,9 @@ REFORM_BUCKETS = (1, 2.5, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 300, 600)
 STEPS_LOST_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 #: Where a restored state came from (snapshots.SOURCES but `none`, a first start).
 RESTORE_SOURCES = ("peer-memory", "local-memory", "checkpoint")
+#: What the hang watch did (recovery/hangs.py): this pod's rank held the round and was
+#: taken out, or no single rank did and the round restarted.
+HANG_ACTIONS = ("took-out", "restarted-round")
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,15 @@ class JobMetrics:
         )
         for source in RESTORE_SOURCES:
             self.restores.labels(*values, source)
+        self.hangs = Counter(
+            "elastic_job_hangs",
+            "Rounds that stopped stepping for the hang bound, by what this pod did: its rank "
+            "held the round and was taken out, or no single rank did and the round restarted",
+            (*LABELS, "action"),
+            registry=reg,
+        )
+        for action in HANG_ACTIONS:
+            self.hangs.labels(*values, action)
         self.steps_lost = Histogram(
             "elastic_job_reform_steps_lost",
             "Per re-form, the steps lost: the newest step completed before it minus the step "
@@ -363,6 +375,11 @@ class Tracker:
             self.step, self.step_at = step, now
             self.m.last_step().set(step)
             self.m.last_progress().set(now)
+
+    def hung(self, action: str) -> None:
+        """The hang watch took this pod's rank out, or restarted the round (HANG_ACTIONS)."""
+        with self._lock:
+            self.m.hangs.labels(*self.m.values, action).inc()
 
     def restored(self, event: Restored) -> None:
         """The training process of this attempt loaded its state (a `restored=` line)."""

@@ -53,6 +53,11 @@ from elastic_worker.settings.config import Config
 logger = logging.getLogger(__name__)
 
 ALIVE, LEFT = "alive", "left"
+#: Who may stop an attempt, and the chart value that turns it off.
+_SWITCHES = {
+    "silent loss": "rendezvous.lossDetection.enabled",
+    "hang": "hangDetection.enabled",
+}
 MARKER = ".round"  # not a pod name (those are DNS labels): the round's marker key
 
 
@@ -301,13 +306,16 @@ class LossDetector:
         mine = {MARKER, self.config.pod_name}
         return sorted(name for name, value in names.items() if value == ALIVE and name not in mine)
 
-    def stop_attempt(self, attempt: RoundAttempt, why: str) -> None:
-        """Stop `attempt`'s program so that torchrun re-forms now (see the module's doc)."""
+    def stop_attempt(self, attempt: RoundAttempt, why: str, *, cause: str = "silent loss") -> None:
+        """Stop `attempt`'s program so that torchrun re-forms now (see the module's doc);
+        `cause` names what asked it (and the chart value that turns it off) in the log."""
+        switch = _SWITCHES.get(cause, "")
         logger.warning(
-            "silent loss: %s: stopping this pod's training process (pid %d) so that "
-            "torchrun re-forms now (chart: rendezvous.lossDetection.enabled=false turns this off)",
+            "%s: %s: stopping this pod's training process (pid %d) so that torchrun re-forms now%s",
+            cause,
             why,
             attempt.pid,
+            f" (chart: {switch}=false turns this off)" if switch else "",
         )
         saves = self.saves
         if saves is None or not saves.keeps:
@@ -332,7 +340,7 @@ class LossDetector:
             return
         said = saves.saved > before
         logger.info(
-            "silent loss: the training process (pid %d) %s: SIGKILL",
+            "the stopped training process (pid %d) %s: SIGKILL",
             pid,
             "saved its state" if said else f"did not save within {self.stop_grace:g} s",
         )

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import shutil
 import socket
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,13 +29,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from elastic_worker import completion as completions
-from elastic_worker import timings
+from elastic_worker import rankprobe, timings
 from elastic_worker.attempt_line import Tail, ensure_log
 from elastic_worker.completion import Completion
 from elastic_worker.gate.members import Registration
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.observe import events
-from elastic_worker.recovery import generations, lossdetect, reclaim
+from elastic_worker.observe.attempts import PROGRESS_FILE_ENV
+from elastic_worker.recovery import generations, hangs, lossdetect, reclaim
 from elastic_worker.recovery import round as rounds
 from elastic_worker.recovery.fence import Fence
 from elastic_worker.recovery.lifelines import helper
@@ -49,6 +51,7 @@ from elastic_worker.torchcompat import RdzvNode
 if TYPE_CHECKING:
     from elastic_worker.launch.supervisor import Supervisor
     from elastic_worker.observe import snapshots
+    from elastic_worker.observe.metrics import Tracker
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +129,16 @@ RULES: tuple[Rule, ...] = (
         "TorchrunWatch.stuck_round",
     ),
     Rule(
+        "no rank of the round stepped for the hang bound (a rank hangs while alive)",
+        "hangs.py",
+        "this pod is held; the job is complete; a rank moves (its stack changes, it reads "
+        "or writes); a member of the round still steps",
+        "the culprit's pod stops its training processes, as at a silent loss (the others' "
+        "collectives fail, torchrun re-forms); no single culprit: every pod does; RankHung "
+        "or RoundHung",
+        "NodeLoss.hung",
+    ),
+    Rule(
         "torch closed the rendezvous though the job is not complete",
         "generations.py, after torchrun failed",
         f"torchrun was signalled or succeeded; {MAX_REOPENS} generations opened already",
@@ -177,6 +190,7 @@ class NodeLoss:
         recorder: events.Recorder | None = None,
         replaced: threading.Event | None = None,
         internals: bool = True,
+        tracker: Tracker | None = None,
     ) -> None:
         self.config = config
         self.completion = completion
@@ -184,9 +198,11 @@ class NodeLoss:
         self.registration = registration
         self.recorder = recorder if recorder is not None else events.Recorder.disabled()
         self.internals = internals
+        self.tracker = tracker
         self.fence = Fence(config, self.client, registration, torchrun_pid, fenced=replaced)
         self.reclaimer: reclaim.Reclaimer | None = None
         self.detector: lossdetect.LossDetector | None = None
+        self.hangs: hangs.HangWatch | None = None
         self.lifeline: lifeline_server.LifelineServer | None = None
         #: the attempt log the lifelines follow (None: no lifelines)
         self.attempt_log: Path | None = None
@@ -213,7 +229,9 @@ class NodeLoss:
             log, own_dir = ensure_log(env, "elastic-liveness-")
             if own_dir is not None:
                 stack.callback(shutil.rmtree, own_dir, ignore_errors=True)
-            self.detect(log, saves=saves, stop_grace=lossdetect.stop_grace(cfg, env))
+            detector = self.detect(log, saves=saves, stop_grace=lossdetect.stop_grace(cfg, env))
+            if cfg.hang_detection:
+                self.watch_hangs(env, detector)
         if self.internals:
             self.lifeline = lifeline_server.serve(cfg, local_addr, self.fence.torchrun)
         if self.lifeline is not None:
@@ -241,6 +259,26 @@ class NodeLoss:
         detector.start()
         self._stack.callback(detector.stop)
         return detector
+
+    def watch_hangs(self, env: dict[str, str], detector: lossdetect.LossDetector) -> None:
+        """Start the hang watch of the attempts `detector` follows; the training processes
+        get its probe directory through `env` (rankprobe.py)."""
+        cfg = self.config
+        probe_dir = Path(tempfile.mkdtemp(prefix="elastic-probe-"))
+        self._stack.callback(shutil.rmtree, probe_dir, ignore_errors=True)
+        env[rankprobe.PROBE_DIR_ENV] = str(probe_dir)
+        progress = env.get(PROGRESS_FILE_ENV)
+        self.hangs = hangs.HangWatch(
+            self.client,
+            cfg.key_prefix,
+            cfg.pod_name,
+            bound=hangs.Bound(cfg.hang_multiple, cfg.hang_floor, cfg.hang_first_step),
+            probe_dir=probe_dir,
+            current=detector.current,
+            listener=self,
+            progress_file=Path(progress) if progress else None,
+        ).start()
+        self._stack.callback(self.hangs.stop)
 
     def __enter__(self) -> NodeLoss:
         return self
@@ -286,6 +324,41 @@ class NodeLoss:
             return
         assert self.detector is not None
         self.detector.stop_attempt(attempt, why)
+
+    def hung(self, attempt: RoundAttempt, verdict: hangs.Verdict, idle: float) -> None:
+        if self.held() or self._complete():
+            return
+        assert self.detector is not None
+        found = f"no rank of round {attempt.round} stepped for {idle:.0f} s"
+        if not verdict.culprits:
+            why = f"{found}; {verdict.why}: restarting the round"
+            self.recorder.record(events.ROUND_HUNG, why)
+            self._hang_action(metrics_action="restarted-round")
+            self.detector.stop_attempt(attempt, why, cause="hang")
+            return
+        named = "; ".join(f"rank {r.rank} of {r.pod} waits {r.where}" for r in verdict.culprits)
+        if self.config.pod_name not in verdict.pods:
+            logger.warning(
+                "%s%s: %s, %s: its pod stops it",
+                hangs.DETAIL_PREFIXES[1],
+                found,
+                named,
+                verdict.why,
+            )
+            return
+        mine = [r for r in verdict.culprits if r.pod == self.config.pod_name]
+        ranks = ", ".join(str(r.rank) for r in mine)
+        why = (
+            f"{found}: rank {ranks} hung, {verdict.why} ({named}): stopping this pod's "
+            "training processes so that the round re-forms"
+        )
+        self.recorder.record(events.RANK_HUNG, why)
+        self._hang_action(metrics_action="took-out")
+        self.detector.stop_attempt(attempt, why, cause="hang")
+
+    def _hang_action(self, *, metrics_action: str) -> None:
+        if self.tracker is not None:
+            self.tracker.hung(metrics_action)
 
     def replaced_by(self, uid: str) -> None:
         self.fence.replaced(uid)

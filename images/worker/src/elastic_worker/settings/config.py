@@ -115,6 +115,10 @@ class Config:
     node_kind: tuple[str, str, str]
     reclaim: bool
     reclaim_after: float
+    hang_detection: bool
+    hang_multiple: int
+    hang_floor: float
+    hang_first_step: float
     topology_mismatch: str
     pod_ip: str
     local_addr: str
@@ -346,6 +350,10 @@ def load(
         ),
         reclaim=_bool(env, "ELASTIC_RECLAIM"),
         reclaim_after=_seconds(env, "ELASTIC_RECLAIM_AFTER"),
+        hang_detection=_bool(env, "ELASTIC_HANG_DETECTION"),
+        hang_multiple=_int(env, "ELASTIC_HANG_STEP_MULTIPLE"),
+        hang_floor=_seconds(env, "ELASTIC_HANG_FLOOR"),
+        hang_first_step=_seconds(env, "ELASTIC_HANG_FIRST_STEP"),
         topology_mismatch=_mismatch(env),
         pod_ip=text(env, "POD_IP"),
         local_addr=text(env, "ELASTIC_LOCAL_ADDR"),

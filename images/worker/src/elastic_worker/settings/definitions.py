@@ -283,6 +283,40 @@ SETTINGS: tuple[Setting, ...] = (
         "seconds a lost peer's pod must be seen on a NotReady node before it is deleted",
     ),
     Setting(
+        "ELASTIC_HANG_DETECTION",
+        Kind.BOOL,
+        "true",
+        Source.VALUE,
+        "hangDetection.enabled",
+        "when no rank of the round steps for the bound below, find the rank that holds it "
+        "(its stack, taken without stopping it) and stop its training processes, so that "
+        "torchrun re-forms (recovery/hangs.py; beside ELASTIC_LOSS_DETECTION only)",
+    ),
+    Setting(
+        "ELASTIC_HANG_STEP_MULTIPLE",
+        Kind.COUNT,
+        "20",
+        Source.VALUE,
+        "hangDetection.stepTimeMultiple",
+        "the bound is this many times the recent step time (and at least ELASTIC_HANG_FLOOR)",
+    ),
+    Setting(
+        "ELASTIC_HANG_FLOOR",
+        Kind.SECONDS,
+        "30",
+        Source.VALUE,
+        "hangDetection.floorSeconds",
+        "the shortest bound, whatever the step time",
+    ),
+    Setting(
+        "ELASTIC_HANG_FIRST_STEP",
+        Kind.SECONDS,
+        "1200",
+        Source.VALUE,
+        "hangDetection.firstStepSeconds",
+        "the bound until each attempt's second step (compilation, the first data, a restore)",
+    ),
+    Setting(
         "ELASTIC_TOPOLOGY_MISMATCH",
         Kind.MISMATCH,
         "refuse",

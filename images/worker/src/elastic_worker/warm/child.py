@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from elastic_worker import bundle, torchcompat
+from elastic_worker import bundle, rankprobe, torchcompat
 
 
 def run_program(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
@@ -118,12 +118,14 @@ def _release_kept_group() -> None:
 def _libraries(args: Sequence[str]) -> None:
     """An injected worker's libraries (bundle.py): a module of ours (the lifelines' helper)
     gets them ahead of the image's; the user's program gets the image's path alone, as
-    `python -u` would have it (the server itself runs with the bundle's lib/), and none of
-    the server's own state (_forget_the_server)."""
+    `python -u` would have it (the server itself runs with the bundle's lib/), the hang
+    watch's probe (rankprobe.py: nothing the script can see but a hook and a signal
+    handler), and none of the server's own state (_forget_the_server)."""
     if bundle.our_module(args) is not None:
         bundle.enter(bundle.WORKER)
     else:
         sys.path[1:] = bundle.user_path(sys.path[1:])
+        rankprobe.install(os.environ)  # the hang watch's steps and stacks (recovery/hangs.py)
         _forget_the_server()
 
 

@@ -1,0 +1,263 @@
+"""Hang detection (recovery/hangs.py, rankprobe.py): the bound that follows the job, the
+culprit each kind of hang leaves, and the watch of two pods against a real etcd with the
+ranks of a real gloo job, one of which hangs while its process lives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from elastic_worker import rankprobe
+from elastic_worker.keystore import interface as kvstore
+from elastic_worker.recovery import hangs
+from elastic_worker.recovery.lossdetect import ALIVE, RoundAttempt
+
+from worker.worker_helpers import PYTHON, keystore_fixtures, wait_until
+
+JOB = "hang42"
+RANK_SCRIPT = Path(__file__).with_name("hang_rank.py")
+BOUND = hangs.Bound(multiple=20, floor=30, first_step=1200)
+
+backend, etcd, client = keystore_fixtures(JOB)
+
+
+def state(
+    rank: int, *, steps: int = 7, stack: str = "a", collective: bool = True, moving: bool = False
+) -> hangs.RankState:
+    return hangs.RankState(rank, f"pod-{rank}", steps, stack, stack, collective, moving)
+
+
+# -- the bound ------------------------------------------------------------------------------
+
+
+def test_before_the_second_step_the_bound_is_the_first_step_allowance() -> None:
+    clock = hangs.Clock(now=0.0)
+    assert clock.stalled(1000.0, BOUND) is None
+    assert clock.stalled(1201.0, BOUND) == 1201.0
+    clock.observe((1,), now=600.0)  # a 10-minute first step: still no step time
+    assert clock.step_time() is None
+    assert clock.stalled(1700.0, BOUND) is None
+
+
+def test_the_bound_is_a_multiple_of_the_recent_step_time_above_the_floor() -> None:
+    clock = hangs.Clock(now=0.0)
+    for i in range(1, 12):
+        clock.observe((i,), now=10.0 * i)  # 10 s steps
+    assert clock.step_time() == 10.0
+    assert clock.stalled(110.0 + 199.0, BOUND) is None
+    assert clock.stalled(110.0 + 201.0, BOUND) == pytest.approx(201.0)
+    fast = hangs.Clock(now=0.0)
+    for i in range(1, 12):
+        fast.observe((i,), now=0.5 * i)  # 0.5 s steps: the floor holds
+    assert fast.stalled(5.5 + 29.0, BOUND) is None
+    assert fast.stalled(5.5 + 31.0, BOUND) is not None
+
+
+def test_one_slow_step_does_not_move_the_bound_much() -> None:
+    clock = hangs.Clock(now=0.0)
+    t = 0.0
+    for i in range(1, 12):
+        t += 100.0 if i == 6 else 10.0
+        clock.observe((i,), now=t)
+    assert clock.step_time() == 10.0
+
+
+def test_files_that_appear_with_nothing_stepped_are_no_step() -> None:
+    clock = hangs.Clock(now=0.0)
+    assert not clock.observe((None, (0, 0), (1, 0)), now=1.0)
+    assert clock.observe((None, (0, 1), (1, 1)), now=2.0)
+
+
+def test_a_judgement_waits_one_more_bound() -> None:
+    clock = hangs.Clock(now=0.0)
+    assert clock.stalled(1201.0, BOUND) is not None
+    clock.judged(1201.0)
+    assert clock.stalled(2000.0, BOUND) is None
+    assert clock.stalled(2402.0, BOUND) == 2402.0
+
+
+# -- the culprit ----------------------------------------------------------------------------
+
+
+def test_a_moving_rank_means_no_hang() -> None:
+    assert hangs.blame([state(0), state(1, collective=False, moving=True)]) is None
+
+
+def test_a_rank_behind_the_others_step_holds_the_round() -> None:
+    verdict = hangs.blame([state(0, steps=8), state(1, steps=7), state(2, steps=8)])
+    assert verdict is not None and [r.rank for r in verdict.culprits] == [1]
+    assert "behind" in verdict.why
+
+
+def test_a_rank_outside_any_collective_while_the_others_wait_in_one() -> None:
+    verdict = hangs.blame([state(0), state(1, stack="b", collective=False), state(2)])
+    assert verdict is not None and [r.rank for r in verdict.culprits] == [1]
+    assert "outside any collective" in verdict.why
+
+
+def test_a_rank_in_a_collective_the_others_are_not_in() -> None:
+    verdict = hangs.blame([state(0), state(1, stack="side"), state(2)])
+    assert verdict is not None and [r.rank for r in verdict.culprits] == [1]
+    assert "inside a collective" in verdict.why
+
+
+def test_ranks_all_waiting_at_one_place_restart_the_round() -> None:
+    verdict = hangs.blame([state(0), state(1), state(2)])
+    assert verdict is not None and verdict.culprits == ()
+    tie = hangs.blame([state(0, stack="a"), state(1, stack="b")])
+    assert tie is not None and tie.culprits == ()
+
+
+# -- stacks from a real process -------------------------------------------------------------
+
+
+@pytest.fixture
+def probe_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "probe"
+    d.mkdir()
+    return d
+
+
+def test_the_probe_counts_optimizer_steps_and_dumps_stacks_on_its_signal(probe_dir: Path) -> None:
+    script = (
+        "import os, threading, torch\n"
+        "from elastic_worker import rankprobe\n"
+        "assert rankprobe.install(os.environ)\n"
+        "m = torch.nn.Linear(2, 1); opt = torch.optim.Adam(m.parameters())\n"
+        "for _ in range(3):\n"
+        "    opt.zero_grad(); m(torch.ones(1, 2)).sum().backward(); opt.step()\n"
+        "print('stepped', flush=True)\n"
+        "threading.Event().wait()\n"
+    )
+    env = {**os.environ, rankprobe.PROBE_DIR_ENV: str(probe_dir), "RANK": "5", "LOCAL_RANK": "1"}
+    proc = subprocess.Popen([str(PYTHON), "-c", script], env=env, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"stepped\n"
+        [probe] = rankprobe.read(probe_dir)
+        assert (probe.local_rank, probe.rank, probe.pid, probe.steps) == (1, 5, proc.pid, 3)
+        watch = hangs.HangWatch.__new__(hangs.HangWatch)
+        watch.probe_dir = probe_dir
+        frames = watch._dump([probe])[1]
+        assert frames and frames[-1].func == "<module>" and frames[0].func == "wait"
+        assert not hangs.in_collective(frames)
+        assert proc.poll() is None  # the dump did not stop it
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_without_a_probe_directory_nothing_is_installed() -> None:
+    assert not rankprobe.install({"RANK": "0", "LOCAL_RANK": "0"})
+
+
+# -- two pods of a real gloo job ------------------------------------------------------------
+
+
+class Heard:
+    def __init__(self) -> None:
+        self.verdicts: list[hangs.Verdict] = []
+
+    def held(self) -> bool:
+        return False
+
+    def hung(self, attempt: RoundAttempt, verdict: hangs.Verdict, idle: float) -> None:
+        self.verdicts.append(verdict)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def pods(
+    client: kvstore.KeyStore, tmp_path: Path, how: str, n: int = 2
+) -> Iterator[tuple[list[hangs.HangWatch], list[Heard]]]:
+    """`n` pods of one rank each in a gloo job whose rank 1 hangs at step 3 as `how` says,
+    each watched by a HangWatch of its own; the round's members alive in etcd."""
+    port, round_ = free_port(), "hang42@127.0.0.1:0"
+    procs, watches, heard = [], [], []
+    for rank in range(n):
+        probe = tmp_path / f"probe-{rank}"
+        probe.mkdir()
+        env = {
+            **os.environ,
+            rankprobe.PROBE_DIR_ENV: str(probe),
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(n),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "GLOO_SOCKET_IFNAME": "lo",
+            "HANG_AT": "3",
+            "HANG_RANK": "1",
+            "HANG_HOW": how,
+            "HANG_FILE": str(tmp_path / "checkpoint"),
+        }
+        proc = subprocess.Popen([str(PYTHON), str(RANK_SCRIPT)], env=env)
+        procs.append(proc)
+        pod = f"pod-{rank}"
+        client.set(f"/elastic-job/{JOB}/rounds/{round_}/{pod}", ALIVE)
+        attempt = RoundAttempt(round_, proc.pid)
+        listener = Heard()
+        watches.append(
+            hangs.HangWatch(
+                client,
+                f"/elastic-job/{JOB}",
+                pod,
+                bound=hangs.Bound(multiple=2, floor=2.0, first_step=60.0),
+                probe_dir=probe,
+                current=lambda attempt=attempt: attempt,
+                listener=listener,
+                agree_for=10.0,
+            ).start()
+        )
+        heard.append(listener)
+    try:
+        yield watches, heard
+    finally:
+        for watch in watches:
+            watch.stop()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("how", "n", "culprits", "why"),
+    [
+        ("outside", 2, [1], "outside any collective"),
+        ("side", 3, [1], "inside a collective"),
+        ("side", 2, [], "no single rank"),
+    ],
+    ids=["outside-a-collective", "in-a-collective-of-its-own", "two-ranks-in-two-collectives"],
+)
+def test_every_pod_names_the_hung_rank(
+    client: kvstore.KeyStore, tmp_path: Path, *, how: str, n: int, culprits: list[int], why: str
+) -> None:
+    """Rank 1 blocks outside any collective (the others wait in their all_reduce), or in an
+    all_reduce nobody else enters: every pod reaches the same verdict. Two ranks in two
+    collectives cannot say which is odd: the round restarts."""
+    with pods(client, tmp_path, how, n) as (_, heard):
+        wait_until("every pod's verdict", lambda: all(h.verdicts for h in heard), 40, 0.2)
+    for listener in heard:
+        verdict = listener.verdicts[0]
+        assert [r.rank for r in verdict.culprits] == culprits, verdict
+        assert why in verdict.why
+        assert all(r.where for r in verdict.culprits)  # named where it waits
+
+
+def test_a_rank_that_keeps_writing_is_not_hung(client: kvstore.KeyStore, tmp_path: Path) -> None:
+    """Rank 1 writes a long checkpoint (rank 0 waits in its all_reduce): judged, no verdict."""
+    with pods(client, tmp_path, "io") as (watches, heard):
+        wait_until("a judgement", lambda: all(w._checks > 0 for w in watches), 40, 0.2)
+        time.sleep(2 * 1.0 + 1)  # the judgement's dumps
+        assert [h.verdicts for h in heard] == [[], []]
