@@ -4,8 +4,8 @@
 gloo on CPU, no process-group timeout (gloo's default: 30 min), torch.optim.SGD, RANK,
 WORLD_SIZE and LOCAL_RANK from torchrun's environment, a checkpoint in a directory shared
 by every node (written by global rank 0 through a temporary file), resumed from on every
-start. It prints nothing of elastic-job's: each step a line of its own, stamped with the
-time as a user's logging would be (the e2e tests read the stall's length from them).
+start. It prints nothing of elastic-job's: each step a line of its own through logging,
+stamped with the time (the e2e tests read the stall's length from the stamps).
 
 `--stall` says how rank `--stall-rank` stalls at step `--stall-step`:
 
@@ -29,10 +29,11 @@ made before the stall, keeps the resumed run from stalling again.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import sys
 import threading
 import time
-from datetime import datetime
 
 import torch
 import torch.distributed as dist
@@ -43,8 +44,7 @@ STALLS = ("outside", "side-collective", "slow", "first-step")
 
 
 def log(rank: int, text: str) -> None:
-    stamp = datetime.now().isoformat(timespec="milliseconds")
-    print(f"{stamp} [GPU{rank}] {text}", flush=True)
+    logging.info("[GPU%d] %s", rank, text)
 
 
 class Stall:
@@ -144,6 +144,7 @@ def main(args: argparse.Namespace) -> None:
 
 
 def cli() -> None:
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(asctime)s %(message)s")
     parser = argparse.ArgumentParser(description="a DDP job where one rank stalls")
     parser.add_argument("total_steps", type=int, help="optimizer steps to train")
     parser.add_argument("save_every", type=int, help="checkpoint every this many steps")
