@@ -2,10 +2,10 @@
 project's defaults, a private etcd, one training process each) train
 tests/e2e/user_script/stalls.py, a user's DDP script with no process-group timeout; rank 1
 hangs at HANG_STEP, outside any collective or inside one its peers are not in. The
-figure: the seconds from the line the rank prints before it blocks until any rank prints
-a training step again (every line stamped with this process's monotonic clock when read),
-and the seconds until an agent said which rank hung; or the cap, when nothing trained by
-then."""
+figure: the seconds from the line the rank prints before it blocks until a rank of the
+job's next start prints a training step (every line stamped with this process's
+monotonic clock when read), and the seconds until an agent said which rank hung; or the
+cap, when nothing trained by then."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ BLOCKS = {
     "side-collective": re.compile(r"\[GPU(\d+)\] reducing the metrics of step"),
 }
 STEP = re.compile(r"\[GPU\d+\] step (\d+) loss ")
+START = re.compile(r"\[GPU\d+\] local rank \d+ of world size (\d+)")
 NAMED = re.compile(r"rank (\d+) hung")
 
 
@@ -61,8 +62,17 @@ def hang_once(
         hung_at, culprit = blocked[0]
         row["culprit"] = culprit
 
+        def again() -> float | None:
+            """When a rank of a new start (the job's processes after the hang) stepped."""
+            steps = []
+            for n in job.nodes:
+                started = n.matches(START, hung_at)
+                if started:
+                    steps += [t for t, _ in n.matches(STEP, started[0][0])[:1]]
+            return min(steps) if steps else None
+
         def trained() -> bool:
-            return any(n.matches(STEP, hung_at) for n in job.nodes)
+            return again() is not None
 
         error = wait_for("a training step after the hang", trained, cap, job.nodes)
         named = [t for n in job.nodes for t, _ in n.matches(NAMED, hung_at)]
@@ -71,7 +81,8 @@ def hang_once(
             return {**row, "seconds": None, "timed_out": True}
         if error:
             return {**row, "error": error}
-        again = min(t for n in job.nodes for t, _ in n.matches(STEP, hung_at)[:1])
-        return {**row, "seconds": round(again - hung_at, 2), "timed_out": False}
+        at = again()
+        assert at is not None
+        return {**row, "seconds": round(at - hung_at, 2), "timed_out": False}
     finally:
         job.stop()
