@@ -72,6 +72,23 @@ def test_a_member_key_is_refreshed_well_within_its_ttl() -> None:
     assert isinstance(timings.MEMBER_TTL, int)
 
 
+def test_a_hang_is_judged_by_every_pod_before_a_report_goes() -> None:
+    """The pods of a round see a stall within a poll or two of each other, and each dumps
+    its ranks twice: the wait for the others' reports covers both, and a report outlives
+    the wait, or a pod slower by a dump would judge without the first pod's."""
+    judging = timings.STACK_GAP + 2 * timings.STACK_WAIT + 2 * timings.HANG_POLL
+    assert 2 * judging <= timings.HANG_AGREE_FOR
+    assert 2 * (timings.HANG_AGREE_FOR + judging) <= timings.HANG_REPORT_TTL
+    assert isinstance(timings.HANG_REPORT_TTL, int)  # etcd's TTLs and leases are whole seconds
+
+
+def test_a_hang_bound_cannot_be_shorter_than_a_judgement() -> None:
+    """The chart's shortest floor (seconds > 0, but a poll is the resolution) is above the
+    watch's poll: a step seen within a poll is never taken for a stall."""
+    assert timings.HANG_POLL <= timings.ATTEMPTS_POLL
+    assert float(BY_NAME["ELASTIC_HANG_FLOOR"].default or 0) >= 10 * timings.HANG_POLL
+
+
 def test_no_module_keeps_a_timing_of_its_own() -> None:
     """Every module-level float constant of the worker is in timings.py (counts, sizes and
     codes are ints and stay where they are used)."""

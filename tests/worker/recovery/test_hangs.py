@@ -41,7 +41,7 @@ def test_before_the_second_step_the_bound_is_the_first_step_allowance() -> None:
     clock = hangs.Clock(now=0.0)
     assert clock.stalled(1000.0, BOUND) is None
     assert clock.stalled(1201.0, BOUND) == 1201.0
-    clock.observe((1,), now=600.0)  # a 10-minute first step: still no step time
+    clock.observe({"rank 0": 1}, now=600.0)  # a 10-minute first step: still no step time
     assert clock.step_time() is None
     assert clock.stalled(1700.0, BOUND) is None
 
@@ -49,13 +49,13 @@ def test_before_the_second_step_the_bound_is_the_first_step_allowance() -> None:
 def test_the_bound_is_a_multiple_of_the_recent_step_time_above_the_floor() -> None:
     clock = hangs.Clock(now=0.0)
     for i in range(1, 12):
-        clock.observe((i,), now=10.0 * i)  # 10 s steps
+        clock.observe({"rank 0": i}, now=10.0 * i)  # 10 s steps
     assert clock.step_time() == 10.0
     assert clock.stalled(110.0 + 199.0, BOUND) is None
     assert clock.stalled(110.0 + 201.0, BOUND) == pytest.approx(201.0)
     fast = hangs.Clock(now=0.0)
     for i in range(1, 12):
-        fast.observe((i,), now=0.5 * i)  # 0.5 s steps: the floor holds
+        fast.observe({"rank 0": i}, now=0.5 * i)  # 0.5 s steps: the floor holds
     assert fast.stalled(5.5 + 29.0, BOUND) is None
     assert fast.stalled(5.5 + 31.0, BOUND) is not None
 
@@ -65,14 +65,16 @@ def test_one_slow_step_does_not_move_the_bound_much() -> None:
     t = 0.0
     for i in range(1, 12):
         t += 100.0 if i == 6 else 10.0
-        clock.observe((i,), now=t)
+        clock.observe({"rank 0": i}, now=t)
     assert clock.step_time() == 10.0
 
 
 def test_files_that_appear_with_nothing_stepped_are_no_step() -> None:
     clock = hangs.Clock(now=0.0)
-    assert not clock.observe((None, (0, 0), (1, 0)), now=1.0)
-    assert clock.observe((None, (0, 1), (1, 1)), now=2.0)
+    assert not clock.observe({"rank 0": 0, "rank 1": 0}, now=1.0)
+    assert clock.observe({"rank 0": 1, "rank 1": 0}, now=2.0)
+    assert not clock.observe({"rank 0": 1, "rank 1": 0, "rank 2": 0}, now=3.0)
+    assert clock.observe({"step=": 1}, now=4.0)  # the script's first `step=0`
 
 
 def test_a_judgement_waits_one_more_bound() -> None:
@@ -81,6 +83,45 @@ def test_a_judgement_waits_one_more_bound() -> None:
     clock.judged(1201.0)
     assert clock.stalled(2000.0, BOUND) is None
     assert clock.stalled(2402.0, BOUND) == 2402.0
+
+
+def idle_watch(
+    client: kvstore.KeyStore, tmp_path: Path, attempt: list[RoundAttempt | None]
+) -> tuple[hangs.HangWatch, Heard]:
+    heard = Heard()
+    watch = hangs.HangWatch(
+        client,
+        f"/elastic-job/{JOB}",
+        "pod-0",
+        bound=BOUND,
+        probe_dir=tmp_path,
+        current=lambda: attempt[0],
+        listener=heard,
+    )
+    return watch, heard
+
+
+def test_a_new_attempt_gets_the_first_step_allowance_again(
+    client: kvstore.KeyStore, tmp_path: Path
+) -> None:
+    """A re-form (or a relaunch) starts new training processes: compilation and the first
+    data again, so the bound starts over."""
+    attempt: list[RoundAttempt | None] = [RoundAttempt("r@a:1", 1)]
+    watch, heard = idle_watch(client, tmp_path, attempt)
+    watch.check(0.0)
+    watch.check(900.0)
+    attempt[0] = RoundAttempt("r@a:2", 2)
+    watch.check(950.0)
+    watch.check(1900.0)  # 1900 s after the first attempt began, 950 after this one
+    assert watch._checks == 0 and heard.verdicts == []
+
+
+def test_no_attempt_no_judgement(client: kvstore.KeyStore, tmp_path: Path) -> None:
+    """Below minNodes, or between two rounds, no training process runs: nothing to judge."""
+    watch, heard = idle_watch(client, tmp_path, [None])
+    watch.check(0.0)
+    watch.check(10_000.0)
+    assert watch._checks == 0 and heard.verdicts == []
 
 
 # -- the culprit ----------------------------------------------------------------------------
@@ -148,7 +189,50 @@ def test_the_probe_counts_optimizer_steps_and_dumps_stacks_on_its_signal(probe_d
         assert frames and frames[-1].func == "<module>" and frames[0].func == "wait"
         assert not hangs.in_collective(frames)
         assert proc.poll() is None  # the dump did not stop it
+        assert not (probe_dir / "ended-1").exists()  # its script still runs
     finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_script_that_returned_is_not_judged(client: kvstore.KeyStore, tmp_path: Path) -> None:
+    """After its script returns, a process's teardown and torch's exit barrier take time
+    with no step: the warm child says the script ended (rankprobe.ended), and the watch
+    judges nothing of that attempt."""
+    proc = subprocess.Popen(["sleep", "600"])
+    try:
+        line = f"pid={proc.pid} rank=0 thread=1 steps=5\n"
+        (tmp_path / "rank-0").write_text(line)
+        (tmp_path / "ended-0").touch()
+        watch, heard = idle_watch(client, tmp_path, [RoundAttempt("r@a:1", proc.pid)])
+        watch.check(0.0)
+        watch.check(5000.0)
+        assert watch._checks == 0 and heard.verdicts == []
+        assert proc.poll() is None  # never sent a signal
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_what_a_ranks_children_read_counts_as_moving(tmp_path: Path) -> None:
+    """A data loader's workers read while the rank waits on their queue: the rank moves."""
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import os, sys, time\\nfd = os.open(sys.executable, 0)\\n"
+        "while True: os.pread(fd, 1 << 16, 0); time.sleep(0.001)'])\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([str(PYTHON), "-c", script])
+    try:
+        time.sleep(1.0)
+        before = hangs._io_bytes(proc.pid)
+        time.sleep(1.0)
+        assert hangs._io_bytes(proc.pid) - before > hangs.MOVING_BYTES
+    finally:
+        for child in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(child), 9)
         proc.kill()
         proc.wait()
 

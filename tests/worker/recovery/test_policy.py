@@ -492,10 +492,29 @@ def test_a_hung_rank_of_this_pod_stops_its_attempt_and_says_so(
 
 
 def test_a_hung_rank_of_another_pod_is_left_to_that_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its pod stops it, and this pod's attempt ends as the culprit's sockets close."""
     complete(monkeypatch, False)
     loss = make()
     loss.hung(ATTEMPT, hangs.Verdict((hung_rank(2, "run42-worker-2"),), "behind"), 31.0)
-    assert loss.detector.made == [] and said(loss) == []  # type: ignore[union-attr]
+    time.sleep(0.1)
+    assert made(loss.detector) == ["current"] and said(loss) == []  # type: ignore[arg-type]
+
+
+def test_a_culprit_whose_processes_do_not_end_is_left_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A culprit blocked in the kernel (a hung mount) cannot be killed and keeps its
+    sockets open: once the grace is over, this pod stops its own attempt."""
+    complete(monkeypatch, False)
+    monkeypatch.setattr(policy.timings, "HANG_TAKEOUT_GRACE", 0.3)
+    loss = make()
+    loss.detector.answers["current"] = ATTEMPT  # type: ignore[union-attr]
+    loss.hung(ATTEMPT, hangs.Verdict((hung_rank(2, "run42-worker-2"),), "behind"), 31.0)
+    wait = time.monotonic() + 5
+    while "stop_attempt" not in made(loss.detector) and time.monotonic() < wait:  # type: ignore[arg-type]
+        time.sleep(0.05)
+    stops = [args for name, args in loss.detector.made if name == "stop_attempt"]  # type: ignore[union-attr]
+    assert len(stops) == 1 and "did not end" in stops[0][1]
 
 
 def test_no_single_culprit_restarts_the_round_from_every_pod(

@@ -22,10 +22,13 @@ pod's life:
                      (supervisor.py), torch's torchrun with the job's exit barrier
                      (torchrun.py)
     attempt_line.py  the attempt shim torchrun runs before the program, and its line
+    rankprobe.py     a training process's optimizer steps and, on a signal, its stacks
+                     (installed by a warm child, read by recovery/hangs.py)
     completion.py    the end of the job: its table of decision points
     scaledown.py     the job's StatefulSets scaled to 0 at its end
-    recovery/        the loss of a node: its table of signals and actions (policy.py),
-                     and the detectors and mechanisms it wires (recovery/__init__.py)
+    recovery/        the loss of a node (and a rank that hangs): its table of signals and
+                     actions (policy.py), and the detectors and mechanisms it wires
+                     (recovery/__init__.py)
     torchcompat.py   torch's private rendezvous internals, behind one fence
     warm/            warm starts: a server that forks training processes (server.py,
                      child.py) and the client torchrun runs (client.py), protocol.py

@@ -8,6 +8,8 @@ In ELASTIC_PROBE_DIR (a private directory of the worker's), per training process
     rank-<LOCAL_RANK>    one line, rewritten in place after each optimizer step:
                          pid=<pid> rank=<RANK> thread=<main thread id> steps=<n>
     stacks-<LOCAL_RANK>  faulthandler's dump of every thread, appended at each STACK_SIGNAL
+    ended-<LOCAL_RANK>   made once the script has returned (or raised): what follows is
+                         its teardown and torch's exit barrier, not training
 
 Steps come from torch's public global hook, torch.optim.optimizer.
 register_optimizer_step_post_hook (in its __all__ since torch 2.0): every script that
@@ -42,6 +44,8 @@ _STEPS_WIDTH = 20  # the counter's field, padded so that a rewrite never leaves 
 
 #: The open files and the hook's handle, for the process's life.
 _KEPT: list[Any] = []
+#: The file `ended` makes (empty: no probe installed).
+_ENDED: list[Path] = []
 
 
 def install(env: Mapping[str, str]) -> bool:
@@ -52,11 +56,13 @@ def install(env: Mapping[str, str]) -> bool:
     if not directory or not local or not rank or not (local.isdigit() and rank.isdigit()):
         return False
     try:
+        Path(directory, f"ended-{local}").unlink(missing_ok=True)  # a process before this one's
         stacks: IO[str] = open(Path(directory, f"stacks-{local}"), "w")  # noqa: SIM115 - kept
         fd = os.open(Path(directory, f"rank-{local}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     except OSError:
         return False
     _KEPT.extend((stacks, fd))
+    _ENDED.append(Path(directory, f"ended-{local}"))
     head = f"pid={os.getpid()} rank={rank} thread={threading.main_thread().ident} steps="
 
     def write(steps: int) -> None:
@@ -78,6 +84,13 @@ def install(env: Mapping[str, str]) -> bool:
     return True
 
 
+def ended() -> None:
+    """The script has returned: say so (nothing without a probe)."""
+    for path in _ENDED:
+        with contextlib.suppress(OSError):
+            path.touch()
+
+
 @dataclass(frozen=True)
 class Probe:
     """What one training process's rank file said."""
@@ -87,6 +100,7 @@ class Probe:
     rank: int
     thread: int
     steps: int
+    ended: bool  # its script has returned
 
 
 def read(directory: Path) -> list[Probe]:
@@ -104,6 +118,7 @@ def read(directory: Path) -> list[Probe]:
                     int(fields["rank"]),
                     int(fields["thread"]),
                     int(fields["steps"]),
+                    directory.joinpath(f"ended-{local}").exists(),
                 )
             )
         except (OSError, ValueError, KeyError):

@@ -60,6 +60,9 @@ STACK_WAIT = 2.0  # for a dump to be written (faulthandler writes it at once)
 HANG_AGREE_FOR = 15.0
 #: A stall report outlives the judgement by this; a pod that steps again deletes its own.
 HANG_REPORT_TTL = 60
+#: For the culprit's processes to end (and this pod's attempt with them) before this pod
+#: stops its own: one blocked in the kernel cannot be killed and keeps its sockets open.
+HANG_TAKEOUT_GRACE = 10.0
 
 # -- this incarnation fenced (recovery/fence.py) -----------------------------------------
 FENCE_API_TIMEOUT = 5.0

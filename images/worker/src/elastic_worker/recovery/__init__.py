@@ -4,6 +4,7 @@ signal and the action it leads to, and it wires the rest.
     policy.py       the table (RULES) and the wiring: NodeLoss (the pod's detectors),
                     TorchrunWatch (one torchrun's), After (what follows a torchrun's exit)
     lossdetect.py   silent-loss detection: round keys with a TTL; a lapse is told
+    hangs.py        a rank that hangs while alive: no step for the bound, the culprit named
     lifelines/      a TCP connection to every peer; a closed one is told
     stuckround.py   a torchrun waiting for a node that left its just-completed round
     fence.py        this incarnation fenced when a newer one replaced it (its node was lost)

@@ -19,8 +19,9 @@ timeout, forever. So, beside torchrun:
   STACK_GAP apart (faulthandler, through rankprobe's signal: no ptrace, nothing stopped),
   logs each rank's main stack, and reports per rank its steps, its stack, whether it is
   inside a collective (a frame of torch.distributed, DDP or autograd's backward) and
-  whether it moves (its stack changed between the dumps, or it read or wrote more than
-  MOVING_BYTES: a long checkpoint, an evaluation, a slow step) under
+  whether it moves (its stack changed between the dumps, or it or its children read or
+  wrote more than MOVING_BYTES, sockets included: a long checkpoint, an evaluation, a data
+  loader's workers starting an epoch, a collective moving data) under
   <prefix>/hangs/<round>/<pod>.
 - **The culprit** (`blame`), once every member of the round reported: nobody, if any rank
   moves; else the ranks behind the others' step; else those outside any collective while
@@ -90,18 +91,18 @@ class Clock:
         self.started = now
         self.last = now  # the last progress seen (the attempt's start before any)
         self._judged = now  # the last judgement: the next comes one bound after it
-        self._seen: tuple[object, ...] | None = None
+        self._counts: dict[str, int] = {}  # the highest count of each source seen
         self._steps = 0  # progress events seen
         self._intervals: deque[float] = deque(maxlen=STEP_HISTORY)
 
-    def observe(self, signature: tuple[object, ...], now: float) -> bool:
-        """`signature`: every progress count read now; True when it moved."""
-        if signature == self._seen:
+    def observe(self, counts: dict[str, int], now: float) -> bool:
+        """`counts`: each source's count read now (a rank's steps, the script's `step=`);
+        True when one went past what it was (a rank that appears at 0 has not stepped)."""
+        moved = any(n > self._counts.get(source, 0) for source, n in counts.items())
+        for source, n in counts.items():
+            self._counts[source] = max(n, self._counts.get(source, 0))
+        if not moved:
             return False
-        first = self._seen is None
-        self._seen = signature
-        if first and not any(v for v in signature if isinstance(v, int)):
-            return False  # the files appeared with nothing stepped yet
         if self._steps > 0:
             self._intervals.append(now - self.last)
         self._steps += 1
@@ -319,8 +320,13 @@ class HangWatch:
         if attempt is None or self._clock is None:
             return
         probes = self._probes()
-        signature: tuple[object, ...] = (user, *sorted((p.rank, p.steps) for p in probes))
-        if self._clock.observe(signature, now) and self._reported is not None:
+        if any(p.ended for p in probes):  # the script returned: teardown, exit barrier
+            self._attempt = self._clock = None
+            return
+        counts = {f"rank {p.rank}": p.steps for p in probes}
+        if user is not None:
+            counts["step="] = user + 1  # a first `step=0` is a step
+        if self._clock.observe(counts, now) and self._reported is not None:
             with contextlib.suppress(kvstore.EtcdError):  # it steps again: not part of a hang
                 self.client.delete(self._reported)
             self._reported = None
@@ -398,8 +404,9 @@ class HangWatch:
         return out
 
     def agree(self, attempt: RoundAttempt, mine: list[RankState]) -> Verdict | None:
-        """The verdict once every alive member of the round reported this check; None
-        when a member did not within `agree_for` (it steps: the round is not hung)."""
+        """The verdict once every alive member of the round has a stall report standing
+        (a pod deletes its own when it steps again); None when one did not report within
+        `agree_for` (it steps: the round is not hung)."""
         deadline = time.monotonic() + self.agree_for
         while not self._stop.is_set():
             members = self._members(attempt.round)
@@ -431,13 +438,24 @@ class HangWatch:
 
 
 def _io_bytes(pid: int) -> int:
-    """What the process read and wrote so far (0 when /proc does not say)."""
-    try:
-        text = Path(f"/proc/{pid}/io").read_text()
-    except OSError:
-        return 0
-    fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
-    return int(fields.get("rchar", 0)) + int(fields.get("wchar", 0))
+    """What the process and its children (a data loader's workers) read and wrote so far,
+    sockets included; 0 for what /proc does not say."""
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        proc = todo.pop()
+        if proc in seen:
+            continue
+        seen.add(proc)
+        try:
+            text = Path(f"/proc/{proc}/io").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+        total += int(fields.get("rchar", 0)) + int(fields.get("wchar", 0))
+        for task in Path(f"/proc/{proc}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                todo.extend(int(c) for c in task.read_text().split())
+    return total
 
 
 def _size(path: Path) -> int:

@@ -21,6 +21,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -345,6 +346,9 @@ class NodeLoss:
                 named,
                 verdict.why,
             )
+            threading.Thread(
+                target=self._unless_reformed, args=(attempt, found), name="hang", daemon=True
+            ).start()
             return
         mine = [r for r in verdict.culprits if r.pod == self.config.pod_name]
         ranks = ", ".join(str(r.rank) for r in mine)
@@ -355,6 +359,22 @@ class NodeLoss:
         self.recorder.record(events.RANK_HUNG, why)
         self._hang_action(metrics_action="took-out")
         self.detector.stop_attempt(attempt, why, cause="hang")
+
+    def _unless_reformed(self, attempt: RoundAttempt, found: str) -> None:
+        """The culprit's processes normally end at once and this pod's attempt with them;
+        one that cannot be killed (blocked in the kernel: a hung mount) keeps its sockets
+        open, and this pod then stops its own attempt so that the round re-forms without it."""
+        detector = self.detector
+        assert detector is not None
+        deadline = time.monotonic() + timings.HANG_TAKEOUT_GRACE
+        while time.monotonic() < deadline:
+            if detector.current() != attempt:
+                return
+            time.sleep(timings.HANG_POLL)
+        if not self.held() and detector.current() == attempt:
+            detector.stop_attempt(
+                attempt, f"{found}, and the culprit's processes did not end", cause="hang"
+            )
 
     def _hang_action(self, *, metrics_action: str) -> None:
         if self.tracker is not None:

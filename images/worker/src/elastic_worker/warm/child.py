@@ -35,6 +35,13 @@ def run_program(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> int:
         args = args[1:]
         _unbuffered()
     try:
+        return _run(args, cwd)
+    finally:
+        rankprobe.ended()  # the script is over: its teardown is not a hang
+
+
+def _run(args: list[str], cwd: str) -> int:
+    try:
         if args[0] == "-m":
             sys.argv = [args[1], *args[2:]]
             sys.path[0] = cwd
