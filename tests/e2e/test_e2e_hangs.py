@@ -100,7 +100,10 @@ class EventWatch:
                 if core is None:
                     if not self.kubeconfig.exists():
                         continue
-                    core = client.CoreV1Api(config.new_client_from_config(str(self.kubeconfig)))
+                    conf = client.Configuration()
+                    config.load_kube_config(str(self.kubeconfig), client_configuration=conf)
+                    conf.retries = 0  # the next poll is the retry (the server ends with the run)
+                    core = client.CoreV1Api(client.ApiClient(conf))
                 for ev in core.list_namespaced_event("default", _request_timeout=5).items:
                     self.events[ev.metadata.uid] = {
                         "reason": ev.reason,
@@ -202,6 +205,8 @@ def assert_taken_out(h: HangRun, stalled: ScriptLine, what: str) -> None:
     hung = h.watch.with_reason("RankHung")
     assert [(e["pod"], e["type"]) for e in hung] == [(culprit, "Warning")], h.watch.events
     assert f"rank {rank} hung" in hung[0]["message"], hung
+    # and where it waits, in the user's own words: the script's frame (not the warm server's)
+    assert re.search(r"stalls\.py:\d+ in before_step", hung[0]["message"]), hung
     assert h.watch.with_reason("RoundHung") == [], h.watch.events  # a culprit, not the round
     # the job trains again after the hang, without the hung process
     again = h.next_step_after(stalled.at)
