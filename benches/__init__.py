@@ -7,6 +7,8 @@ command line). Figures are printed beside a baseline measured in the same run.
     churn/          scripts/bench-churn: a silent loss and goodput, through the local run
     snapshots/      scripts/bench-snapshots: steps lost, per-step cost and goodput with
                     snapshots in memory beside the checkpoint alone
+    hangs/          scripts/bench-hangs: a hung rank to training again, hang detection
+                    on beside torch's defaults (capped)
     soak/           scripts/soak-false-evictions: the round liveness on a saturated machine
     init_topology.py       scripts/bench-init-topology: the init container end to end
     reform_monitoring.py   scripts/bench-reform-monitoring: whether metrics slow a re-form
