@@ -273,6 +273,8 @@ def test_a_release_without_an_internal_costs_only_the_speed_up(
         _Action = dr._Action
 
     monkeypatch.setattr(torchcompat, "dynamic_rendezvous", lambda: Older)
+    # an earlier test's main.setup_logging() in this process turns propagation off
+    monkeypatch.setattr(logging.getLogger("elastic_worker"), "propagate", True)
     with caplog.at_level(logging.INFO, logger="elastic_worker"):
         assert rounds.take_out(lambda: _handler(dr, backend), "fence", "10.0.0.1", 11) is False
     assert "cannot take a node out of rendezvous fence with this torch" in caplog.text
