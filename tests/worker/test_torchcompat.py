@@ -273,10 +273,15 @@ def test_a_release_without_an_internal_costs_only_the_speed_up(
         _Action = dr._Action
 
     monkeypatch.setattr(torchcompat, "dynamic_rendezvous", lambda: Older)
-    # an earlier test's main.setup_logging() in this process turns propagation off
-    monkeypatch.setattr(logging.getLogger("elastic_worker"), "propagate", True)
-    with caplog.at_level(logging.INFO, logger="elastic_worker"):
+    # The module's own logger, heard directly: an earlier test in this process may have
+    # turned propagation off (main.setup_logging) or dropped the package's loggers from
+    # logging's registry (a warm child's _forget_the_server), leaving it another parent.
+    monkeypatch.setattr(rounds.logger, "level", logging.INFO)
+    rounds.logger.addHandler(caplog.handler)
+    try:
         assert rounds.take_out(lambda: _handler(dr, backend), "fence", "10.0.0.1", 11) is False
+    finally:
+        rounds.logger.removeHandler(caplog.handler)
     assert "cannot take a node out of rendezvous fence with this torch" in caplog.text
     assert a in _read(dr, backend).participants
 
