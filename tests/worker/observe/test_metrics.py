@@ -439,3 +439,24 @@ def test_metrics_off_sets_no_files_for_torchrun(
     assert ("ELASTIC_ATTEMPT_LOG" in names) is (loss_detection == "true")
     assert ("ELASTIC_PROGRESS_FILE" in names) is (loss_detection == "true")
     assert "metrics on port" not in agent.text()
+
+
+def test_each_hang_the_watch_acted_on_is_counted_by_what_this_pod_did() -> None:
+    """elastic_job_hangs_total{action}: both series from the start (a rate() sees the
+    first), one more per hang this pod's rank held (took-out) or no rank held (restarted)."""
+    tracker, metrics, _ = tracked()
+
+    def hangs() -> dict[str, float]:
+        text = generate_latest(metrics.registry).decode()
+        return {
+            s.labels["action"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "elastic_job_hangs_total"
+        }
+
+    assert hangs() == {"took-out": 0.0, "restarted-round": 0.0}
+    tracker.hung("took-out")
+    tracker.hung("took-out")
+    tracker.hung("restarted-round")
+    assert hangs() == {"took-out": 2.0, "restarted-round": 1.0}

@@ -482,8 +482,10 @@ def test_a_hung_rank_of_this_pod_stops_its_attempt_and_says_so(
 ) -> None:
     complete(monkeypatch, False)
     loss = make()
+    loss.tracker = Calls()  # type: ignore[assignment]
     verdict = hangs.Verdict((hung_rank(1, "run42-worker-1"),), "outside any collective")
     loss.hung(ATTEMPT, verdict, 31.0)
+    assert loss.tracker.made == [("hung", ("took-out",))]  # type: ignore[union-attr]
     assert made(loss.detector) == ["stop_attempt"]  # type: ignore[arg-type]
     _, (attempt, why, cause) = loss.detector.made[0]  # type: ignore[union-attr]
     assert (attempt, cause) == (ATTEMPT, "hang")
@@ -522,7 +524,9 @@ def test_no_single_culprit_restarts_the_round_from_every_pod(
 ) -> None:
     complete(monkeypatch, False)
     loss = make()
+    loss.tracker = Calls()  # type: ignore[assignment]
     loss.hung(ATTEMPT, hangs.Verdict((), "every rank waits at the same place"), 31.0)
+    assert loss.tracker.made == [("hung", ("restarted-round",))]  # type: ignore[union-attr]
     assert made(loss.detector) == ["stop_attempt"]  # type: ignore[arg-type]
     assert said(loss) == ["RoundHung"]
 
