@@ -257,6 +257,9 @@ def test_a_warm_child_of_ours_gets_the_bundles_libraries_and_the_users_program_d
     server) needs python-etcd; the user's program gets the image's path alone."""
     fake = bundle.Bundle("/b")
     monkeypatch.setattr(bundle, "BUNDLE", fake)
+    # Not here: it drops this process's elastic_worker modules and loggers, and the tests
+    # that run after this one in the same process would hold stale ones.
+    monkeypatch.setattr(child, "_forget_the_server", lambda: None)
     monkeypatch.setattr(sys, "path", ["/cwd", "/b/lib", "/image/site-packages"])
     child._libraries(["-m", "elastic_worker.recovery.lifelines.helper", "ops", "id"])
     assert sys.path == ["/b/lib", "/b/deps", "/cwd", "/image/site-packages"]
