@@ -37,7 +37,11 @@ SLOT_BACK_BOUND = 75.0
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["etcd-v2", "etcd-lease"])
+# CI budget: etcd-lease's variant passed in issue 34's runs and is run with
+# ELASTIC_TEST_EXTENDED=1; its own file (test_e2e_etcd_lease.py) runs in every CI run.
+@pytest.mark.parametrize(
+    "backend", ["etcd-v2", pytest.param("etcd-lease", marks=pytest.mark.extended)]
+)
 def test_a_dead_node_s_pod_comes_back_elsewhere_and_its_return_disturbs_nothing(
     tmp_path: Path, backend: str
 ) -> None:

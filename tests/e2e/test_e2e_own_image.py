@@ -30,7 +30,11 @@ USER_SCRIPT_DIR = ROOT / "tests" / "e2e" / "user_script"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["etcd-v2", "etcd-lease"])
+# CI budget: etcd-lease's variant passed in issue 34's runs and is run with
+# ELASTIC_TEST_EXTENDED=1; its own file (test_e2e_etcd_lease.py) runs in every CI run.
+@pytest.mark.parametrize(
+    "backend", ["etcd-v2", pytest.param("etcd-lease", marks=pytest.mark.extended)]
+)
 def test_own_image_trains_through_the_injected_worker_loses_a_node_and_completes(
     tmp_path: Path, backend: str
 ) -> None:

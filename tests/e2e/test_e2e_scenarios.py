@@ -202,7 +202,11 @@ SILENT_REFORM_BOUND = 10.0  # issue 12: a silent loss re-forms within 10 s of th
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["etcd-v2", "etcd-lease"])
+# CI budget: etcd-lease's variant passed in issue 34's runs and is run with
+# ELASTIC_TEST_EXTENDED=1; its own file (test_e2e_etcd_lease.py) runs in every CI run.
+@pytest.mark.parametrize(
+    "backend", ["etcd-v2", pytest.param("etcd-lease", marks=pytest.mark.extended)]
+)
 def test_partition_with_a_script_without_timeout_reforms_in_seconds_and_the_pod_rejoins(
     tmp_path: Path, backend: str
 ) -> None:

@@ -77,7 +77,9 @@ def test_a_node_whose_workers_succeeded_waits_for_the_others_the_timeout_then_ex
         lines = report.read_text().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"{torchrun.SUCCEEDED} "), lines
         waited = exited - float(lines[0].split()[1])
-        assert 2.5 <= waited < 20, waited  # the timeout (3 s), not torch's 300 s
+        assert 2.5 <= waited < 60, (
+            waited
+        )  # the timeout (3 s), not torch's 300 s (a loaded CI: 21 s)
         other = next(n for n in nodes if n is not done)
         assert other[0].poll() is None  # its worker still runs
         assert not other[1].exists()  # and it reported nothing
