@@ -15,6 +15,7 @@ import logging
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from localrun.cluster.apiserver import Fault as ApiFault
 from localrun.cluster.nodelifecycle import NodeTimings
@@ -29,10 +30,11 @@ class UsageError(ValueError):
 
 
 # -- the fault grammar ---------------------------------------------------------------------
-# WHEN is seconds after the start (`12.5`) or `step=N` (when training reaches step N).
+# WHEN is seconds after the start (`12.5`), `step=N` (when training reaches step N) or
+# `world=N` (when a training step runs at world size N).
 
 _SECONDS = r"(\d+(?:\.\d+)?)"
-_WHEN = r"(\d+(?:\.\d+)?|step=\d+)"
+_WHEN = r"(\d+(?:\.\d+)?|step=\d+|world=\d+)"
 _NAME = r"([a-z0-9](?:[-a-z0-9.]*[a-z0-9])?)"
 _POD = r"(rank:\d+|[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?)"  # a pod name, or rank:N
 _POD_AT = re.compile(rf"^{_POD}@{_WHEN}(?::{_SECONDS})?$")
@@ -40,7 +42,7 @@ _NODE_AT = re.compile(rf"^(pod:)?{_POD}@{_WHEN}(?::{_SECONDS})?$")
 _SCALE = re.compile(rf"^{_NAME}=(\d+)@{_WHEN}$")
 _AT = re.compile(rf"^@?{_WHEN}$")
 _FORMS = {
-    FaultKind.KILL: "POD@WHEN[:DOWN], e.g. demo-w-1@40, demo-w-1@step=20:15 or rank:1@step=20",
+    FaultKind.KILL: "POD@WHEN[:DOWN], e.g. demo-w-1@40, demo-w-1@step=20:15 or rank:1@world=3",
     FaultKind.PREEMPT: "POD@WHEN[:DOWN], e.g. demo-w-1@40 or rank:1@step=20:15",
     FaultKind.PARTITION: "POD@WHEN[:DURATION], e.g. demo-w-1@40:20 or rank:1@step=20:20",
     FaultKind.NODE_DOWN: "NODE@WHEN[:DURATION], e.g. local-spot-0@40:120, pod:demo-w-1@step=20 "
@@ -50,11 +52,14 @@ _FORMS = {
 }
 
 
-def _when(text: str) -> tuple[float, int | None]:
-    """(seconds, None) or (0, step) for `step=N`."""
+def _when(text: str) -> dict[str, Any]:
+    """The Fault fields of a WHEN: `at` seconds, `at_step` for `step=N`, `at_world` for
+    `world=N`."""
     if text.startswith("step="):
-        return 0.0, int(text[5:])
-    return float(text), None
+        return {"at": 0.0, "at_step": int(text[5:])}
+    if text.startswith("world="):
+        return {"at": 0.0, "at_world": int(text[6:])}
+    return {"at": float(text)}
 
 
 def parse_pod_fault(kind: FaultKind, text: str) -> Fault:
@@ -62,9 +67,8 @@ def parse_pod_fault(kind: FaultKind, text: str) -> Fault:
     m = _POD_AT.match(text.strip())
     if not m:
         raise UsageError(f"--{kind.value} {text!r}: expected {_FORMS[kind]}")
-    at, step = _when(m.group(2))
     duration = float(m.group(3)) if m.group(3) is not None else None
-    return Fault(kind, at, target=m.group(1), duration=duration, at_step=step)
+    return Fault(kind, target=m.group(1), duration=duration, **_when(m.group(2)))
 
 
 def parse_partition(text: str) -> Fault:
@@ -78,21 +82,23 @@ def parse_node_fault(kind: FaultKind, text: str) -> Fault:
     m = _NODE_AT.match(text.strip())
     if not m or (m.group(4) is not None and kind is not FaultKind.NODE_DOWN):
         raise UsageError(f"--{kind.value} {text!r}: expected {_FORMS[kind]}")
-    at, step = _when(m.group(3))
+    when = _when(m.group(3))
     duration = float(m.group(4)) if m.group(4) is not None else None
     name = m.group(2)
     if m.group(1) or name.startswith("rank:"):
-        return Fault(kind, at, target="", duration=duration, at_step=step, node_of=name)
-    return Fault(kind, at, target=name, duration=duration, at_step=step)
+        return Fault(kind, target="", duration=duration, node_of=name, **when)
+    return Fault(kind, target=name, duration=duration, **when)
 
 
 def parse_scale(text: str) -> Fault:
     """`GROUP=N@WHEN`; GROUP is a worker group name or a StatefulSet name."""
     m = _SCALE.match(text.strip())
     if not m:
-        raise UsageError(f"--scale {text!r}: expected GROUP=N@WHEN, e.g. workers=3@30")
-    at, step = _when(m.group(3))
-    return Fault(FaultKind.SCALE, at, target=m.group(1), replicas=int(m.group(2)), at_step=step)
+        raise UsageError(
+            f"--scale {text!r}: expected GROUP=N@WHEN, e.g. workers=3@30 or workers=2@world=3"
+        )
+    when = _when(m.group(3))
+    return Fault(FaultKind.SCALE, target=m.group(1), replicas=int(m.group(2)), **when)
 
 
 def parse_restart_rendezvous(text: str) -> Fault:
@@ -100,8 +106,7 @@ def parse_restart_rendezvous(text: str) -> Fault:
     m = _AT.match(text.strip())
     if not m:
         raise UsageError(f"--restart-rendezvous {text!r}: expected @WHEN, e.g. @45")
-    at, step = _when(m.group(1))
-    return Fault(FaultKind.RESTART_RENDEZVOUS, at, at_step=step)
+    return Fault(FaultKind.RESTART_RENDEZVOUS, **_when(m.group(1)))
 
 
 def parse_api_fault(text: str) -> tuple[str, ApiFault]:

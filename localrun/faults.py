@@ -39,21 +39,31 @@ NODE_FAULTS = (FaultKind.NODE_DOWN, FaultKind.DELETE_NODE, FaultKind.OUT_OF_SERV
 @dataclass(frozen=True)
 class Fault:
     kind: FaultKind
-    at: float  # seconds after the run started
+    at: float = 0.0  # seconds after the run started
     target: str = ""  # pod name, or worker group / StatefulSet name for SCALE
     duration: float | None = None  # KILL/PREEMPT: down time; PARTITION: None keeps it down
     replicas: int | None = None  # SCALE only
     at_step: int | None = None  # fire when training reaches this step instead (`@step=N`)
+    #: fire when a training step runs at this world size instead (`@world=N`): a fault
+    #: that needs the one before it to have taken effect, whatever the machine's speed
+    at_world: int | None = None
     #: Node faults: the node of this pod when it fires (`pod:NAME`, or `rank:N`); else
     #: target is the node.
     node_of: str = ""
 
     def when(self) -> str:
-        return f"step {self.at_step}" if self.at_step is not None else f"{self.at:g}s"
+        if self.at_step is not None:
+            return f"step {self.at_step}"
+        if self.at_world is not None:
+            return f"world size {self.at_world}"
+        return f"{self.at:g}s"
 
-    def due(self, elapsed: float, step: int | None) -> bool:
+    def due(self, elapsed: float, step: int | None, world: int | None = None) -> bool:
+        """`step`: the highest training step seen; `world`: the last step's world size."""
         if self.at_step is not None:
             return step is not None and step >= self.at_step
+        if self.at_world is not None:
+            return world == self.at_world
         return elapsed >= self.at
 
     def describe(self) -> str:
@@ -70,7 +80,8 @@ class Fault:
 
 
 def schedule(faults: list[Fault]) -> list[Fault]:
-    """Faults in the order they fire (stable for equal times); step-triggered ones last."""
+    """Faults in the order they fire (stable for equal times); step- and world-triggered
+    ones last."""
     return sorted(faults, key=lambda f: (f.at_step is not None, f.at_step or 0, f.at))
 
 
@@ -112,8 +123,10 @@ class Injector:
             if f.kind in NODE_FAULTS and not f.node_of and f.target not in self.cluster.nodes
         ]
 
-    def due(self, now: float, elapsed: float, step: int | None) -> list[Fault]:
-        fired = [f for f in self.pending if f.due(elapsed, step)]
+    def due(
+        self, now: float, elapsed: float, step: int | None, world: int | None = None
+    ) -> list[Fault]:
+        fired = [f for f in self.pending if f.due(elapsed, step, world)]
         for f in fired:
             self.pending.remove(f)
             self.fire(f, now)

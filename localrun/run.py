@@ -142,7 +142,9 @@ class Runner(Setup, Ending):
                 raise Interrupted
             now = time.monotonic()
             self._drain()
-            for f in self.injector.due(now, self._rel(now), self.state.step):
+            for f in self.injector.due(
+                now, self._rel(now), self.state.step, self.state.step_world_size
+            ):
                 self.state.fault(self._rel(now), f.describe())
             for pod in self.injector.healed(now):
                 self.state.pod_started(pod, self._rel(now), "link up")

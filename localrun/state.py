@@ -108,6 +108,11 @@ class RunState:
         return {pod: w.whom for pod, w in self.exit_barrier.items() if w.left_after is None}
 
     @property
+    def step_world_size(self) -> int | None:
+        """The world size of the last training step seen (`@world=N` faults)."""
+        return self._world
+
+    @property
     def world_size(self) -> int | None:
         """The current one: the last round's, else the last step line's."""
         if self.rounds:

@@ -144,12 +144,12 @@ def test_etcd_v3_scale_up_two_to_three_then_down_to_two_while_training(tmp_path:
     run = run_local(
         tmp_path,
         "--scale=default=3@step=5",
-        "--scale=default=2@step=18",
-        command=probe_command(32, 4),
+        "--scale=default=2@world=3",  # once a step ran at three
+        command=probe_command(40, 4),
         sets=[*V3_SETS, "workerGroups.default.replicas=2"],
     )
     assert run.rc == 0, run.describe()
-    assert_nothing_lost(run, 32)
+    assert_nothing_lost(run, 40)
     assert in_order(run.summary["world_sizes"], [2, 3, 2]), run.describe()
     assert run.steps_of(pod(2)), "the added pod trained"
     assert_v3_only(run.log(pod(2)))

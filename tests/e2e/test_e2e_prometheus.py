@@ -213,7 +213,9 @@ def test_prometheus_shows_the_sigkill_reform_every_dashboard_query_and_fires_bel
     series = run.query(f"elastic_job_world_size_nodes{{{sel}}}")
     assert {r["metric"]["job"] for r in series} == {SCRAPE_JOB}, series
     assert not [k for r in series for k in r["metric"] if k.startswith("exported_")], series
-    assert {r["metric"]["pod"] for r in series} == {pod(0), pod(1), pod(2)}, series
+    # each series' pod is the target's (a subset: on a loaded machine the dashboard's wait
+    # above may outlast step 60, where pods 1 and 2 are killed)
+    assert series and {r["metric"]["pod"] for r in series} <= {pod(0), pod(1), pod(2)}, series
     assert not run.alerts("ElasticJobWorldSizeBelowMin", "firing")
 
     # Pods 1 and 2 down for 40 s: the world-size alert fires for this job.

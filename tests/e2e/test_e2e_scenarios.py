@@ -118,9 +118,11 @@ def test_sigterm_spot_reclaim_checkpoints_and_loses_at_most_one_step(tmp_path: P
     preempt = reform(run, f"preempt {pod(2)}")
     assert preempt["steps_lost"] is not None and preempt["steps_lost"] <= 1, preempt
     assert preempt["seconds"] is not None and preempt["seconds"] < REFORM_BOUND, preempt
-    # its node left torch's round once torchrun had stopped (the others need not wait for
-    # its keep-alive to lapse: tests/worker/test_pod.py times that)
-    assert re.search(r"elastic-worker: left rendezvous \S+ \(participants of round", log2), log2
+    # its node left torch's round at the signal (the others need not wait for its
+    # keep-alive to lapse: tests/worker/test_pod.py times that); on a loaded host its
+    # torchrun may beat no more before the leave, which then writes the lapse out
+    left = r"left rendezvous \S+ \((participants of round|round \d+; its keep-alive)"
+    assert re.search(left, log2), log2
     # the pod exited on SIGTERM within the grace period: no SIGKILL was needed
     events = run.events()
     assert f"{pod(2)}: deleting (SIGTERM" in events
@@ -136,13 +138,14 @@ def test_scale_up_two_to_three_then_down_to_two_while_training(tmp_path: Path) -
     run = run_local(
         tmp_path,
         "--scale=default=3@step=5",
-        "--scale=default=2@step=18",
-        steps=32,
+        # once a step ran at three, however long the new pod took to join
+        "--scale=default=2@world=3",
+        steps=40,
         every=4,
         sets=["workerGroups.default.replicas=2"],
     )
     assert run.rc == 0, run.describe()
-    assert_nothing_lost(run, 32)
+    assert_nothing_lost(run, 40)
     s = run.summary
     assert in_order(s["world_sizes"], [2, 3, 2]), run.describe()
     assert "replicas 2 -> 3" in run.events() and "replicas 3 -> 2" in run.events()

@@ -181,6 +181,19 @@ def test_scale_goes_through_the_api_server_by_group_name(tmp_path: Path) -> None
     assert h.cluster.sets["demo-job-default"].replicas == 2  # the API server's callback scales
 
 
+def test_a_scale_at_a_world_size_waits_for_a_step_there_however_long_it_takes(
+    tmp_path: Path,
+) -> None:
+    """`--scale default=2@world=3`: the scale-down after a scale-up fires once a step ran
+    at three, not after a number of steps a loaded machine may not give the new pod."""
+    down = parse_scale("default=2@world=3")
+    assert (down.at_world, down.at_step, down.when()) == (3, None, "world size 3")
+    _, inj, _, asked = _injector(tmp_path, [down])
+    assert inj.due(1, 100, 40, 2) == [] and inj.due(2, 200, 80, None) == []
+    assert inj.due(3, 201, 81, 3) == [down] and asked == [("ns", "demo-job-default", 2)]
+    assert inj.due(4, 202, 82, 3) == []  # once
+
+
 def test_scale_falls_back_to_the_controller_when_the_api_fails(tmp_path: Path) -> None:
     scale = Fault(FaultKind.SCALE, 5, target="default", replicas=1)
     h, inj, _, _ = _injector(tmp_path, [scale], api_scales=False)

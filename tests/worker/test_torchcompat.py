@@ -220,6 +220,35 @@ def test_a_waiting_node_leaves_the_wait_list(release: tuple[str, ModuleType]) ->
     assert _read(dr, backend).wait_list == set()
 
 
+def test_a_leaving_node_whose_keep_alive_lapsed_writes_itself_out(
+    release: tuple[str, ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torchrun starved at its SIGTERM on a loaded host beats no more: torch's read drops
+    its node in memory only (`_sanitize`). The leave writes that, so that it is said and no
+    later read (the leave's second look after torchrun exits) finds it again."""
+    _, dr = release
+    monkeypatch.setattr(dr, "_delay", lambda seconds: None)  # torch's 1 s pause before a sync
+    backend = MemoryBackend()
+    now = _now(dr)
+    a, b = dr._NodeDesc("10.0.0.1", 11, 0), dr._NodeDesc("10.0.0.2", 22, 0)
+    stale = now - timedelta(seconds=60)  # past keep_alive_interval=5 x 3 attempts
+    _write(
+        dr,
+        backend,
+        round=3,
+        complete=True,
+        participants={a: 0, b: 1},
+        last_heartbeats={a: stale, b: now},
+    )
+    done = torchcompat.take_out(_handler(dr, backend), "10.0.0.1", 11, timeout=5, module=dr)
+    assert (done.lapsed, done.removed_from, done.round) == (True, "its keep-alive", 3)
+    state = _read(dr, backend)
+    assert a not in state.participants and a not in state.last_heartbeats
+    assert b in state.participants
+    again = torchcompat.take_out(_handler(dr, backend), "10.0.0.1", 11, timeout=5, module=dr)
+    assert (again.lapsed, again.removed_from) == (False, "")
+
+
 def test_a_node_that_beat_after_it_was_seen_dead_stays(release: tuple[str, ModuleType]) -> None:
     _, dr = release
     backend = MemoryBackend()

@@ -207,12 +207,15 @@ def participants(handler: RendezvousHandler) -> list[RdzvNode]:
 class Removal:
     """What taking a node out did: the node's address, the list it left ("" when it was
     in none) and the round; `beat_after_death` when it stayed because it beat after it
-    was seen dead."""
+    was seen dead; `lapsed` when this node's own keep-alive had lapsed, so that torch's
+    read had dropped it already (removed_from "its keep-alive"), and the take-out wrote
+    that."""
 
     addr: str = ""
     removed_from: str = ""
     round: int = -1
     beat_after_death: bool = False
+    lapsed: bool = False
 
 
 def take_out(
@@ -264,6 +267,12 @@ class _Recording:
     def mark_dirty(self) -> None:
         self._holder.mark_dirty()
 
+    @property
+    def lapsed(self) -> list[Any]:
+        """The nodes the last sync dropped for a lapsed keep-alive (torch's `_sanitize`
+        keeps them in memory only, until some node writes)."""
+        return list(getattr(self._holder, "_dead_nodes", None) or [])
+
 
 class _TakeOut:
     """A torch rendezvous operation (a state handler for the op executor)."""
@@ -289,9 +298,19 @@ class _TakeOut:
         result = self.result
         if result.removed_from and self._holder.has_set is False:
             result.removed_from = ""  # our write lost to another: decide again on its state
+            result.lapsed = False
         state = ctx.state
         beat = state.last_heartbeats.get(ctx.node)
         dead_since = self._dead_since
+        if dead_since is None and ctx.node in self._holder.lapsed:
+            # This node's own keep-alive lapsed (its torchrun starved at the signal on a
+            # loaded host): torch's read dropped it in memory; write that, as a join would,
+            # so that no later read finds it.
+            if time.monotonic() > deadline:
+                return self._action.ERROR_TIMEOUT
+            result.removed_from, result.round, result.lapsed = "its keep-alive", state.round, True
+            self._holder.mark_dirty()
+            return self._action.SYNC
         if dead_since is not None and beat is not None and beat.timestamp() > dead_since:
             result.beat_after_death = True
             return self._action.FINISH

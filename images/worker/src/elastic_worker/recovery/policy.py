@@ -536,8 +536,17 @@ class TorchrunWatch:
             return
 
         def leave() -> None:
-            if not self.policy.completion.before_leave():
-                self._leave(pid)
+            if self.policy.completion.before_leave():
+                logger.info("job %s is complete: this node stays in its round", self.rdzv_id)
+            elif not self._leave(pid):
+                # Said, so that a round that waited for this node's keep-alive can be told
+                # from one this node left (docs/recovery.md, SIGTERM).
+                logger.info(
+                    "at the signal, torchrun %s:%d was in no list of rendezvous %s",
+                    self.addr,
+                    pid,
+                    self.rdzv_id,
+                )
 
         thread = threading.Thread(target=leave, name="leave", daemon=True)
         thread.start()
@@ -553,11 +562,11 @@ class TorchrunWatch:
             self._leaving.join(timings.TAKE_OUT_TIMEOUT)
         self._leave(pid)
 
-    def _leave(self, pid: int) -> None:
+    def _leave(self, pid: int) -> bool:
+        """True when this call took the node out (the take-out said so in the log)."""
         ops = self.ops
         if ops is not None:
             with contextlib.suppress(HelperError):
-                ops.leave((self.addr, pid))
-                return
-            logger.debug("leaving through the lifelines' helper failed: here instead")
-        rounds.leave(self.policy.config, self.rdzv_id, self.local_addr, pid)
+                return ops.leave((self.addr, pid))
+            logger.info("leaving through the lifelines' helper failed: here instead")
+        return rounds.leave(self.policy.config, self.rdzv_id, self.local_addr, pid)

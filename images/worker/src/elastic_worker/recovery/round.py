@@ -130,6 +130,13 @@ def take_out(
             done.removed_from,
             done.round,
         )
+    elif done.lapsed:
+        logger.info(
+            "left rendezvous %s (round %d; its keep-alive had lapsed, so torch's readers had "
+            "dropped it): the others re-form without this node now",
+            rdzv_id,
+            done.round,
+        )
     elif done.removed_from:
         logger.info(
             "left rendezvous %s (%s of round %d): the others re-form without this node now",
