@@ -249,6 +249,56 @@ def test_a_leaving_node_whose_keep_alive_lapsed_writes_itself_out(
     assert (again.lapsed, again.removed_from) == (False, "")
 
 
+class LostReply(MemoryBackend):
+    """An etcd that applies the first write but whose reply is lost: the client retries it
+    and is told its token is stale (a loaded etcd, a client that retries on a timeout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose_next = False
+
+    def set_state(self, state: bytes, token: Any = None) -> tuple[bytes, int, bool] | None:
+        answer = super().set_state(state, token)
+        if self.lose_next and answer is not None and answer[2]:
+            self.lose_next = False
+            return answer[0], answer[1], False
+        return answer
+
+
+def test_a_leave_whose_write_was_applied_but_not_acknowledged_says_it_left(
+    release: tuple[str, ModuleType],
+) -> None:
+    """The node was in the round at the first look and is gone at the next: it has left,
+    whoever wrote it (before, the leave found it in no list and said nothing)."""
+    _, dr = release
+    backend = LostReply()
+    now = _now(dr)
+    a, b = dr._NodeDesc("10.0.0.1", 11, 0), dr._NodeDesc("10.0.0.2", 22, 0)
+    _write(
+        dr,
+        backend,
+        round=3,
+        complete=True,
+        participants={a: 0, b: 1},
+        last_heartbeats={a: now, b: now},
+    )
+    handler = _handler(dr, backend)
+    backend.lose_next = True
+    done = torchcompat.take_out(handler, "10.0.0.1", 11, timeout=5, module=dr)
+    assert not backend.lose_next, "the write was applied, its reply lost"
+    assert (done.removed_from, done.round) == ("participants", 3)
+    assert a not in _read(dr, backend).participants
+    # another pod's node seen dead: a removal it cannot tell as its own is not reported
+    c = dr._NodeDesc("10.0.0.3", 33, 0)
+    _write(dr, backend, round=4, participants={b: 0, c: 1}, last_heartbeats={b: now, c: now})
+    backend.lose_next = True
+    since = (now + timedelta(seconds=1)).timestamp()
+    gone = torchcompat.take_out(
+        _handler(dr, backend), "10.0.0.3", 33, timeout=5, dead_since=since, module=dr
+    )
+    assert gone.removed_from == "" and c not in _read(dr, backend).participants
+
+
 def test_a_node_that_beat_after_it_was_seen_dead_stays(release: tuple[str, ModuleType]) -> None:
     _, dr = release
     backend = MemoryBackend()

@@ -282,6 +282,9 @@ class _TakeOut:
         self._holder = holder
         self._dead_since = dead_since
         self.result = Removal()
+        #: the list and round this node was found in before a write that was not
+        #: acknowledged as ours
+        self._seen: tuple[str, int, bool] | None = None
 
     def _lists(self, state: Any) -> list[tuple[Any, Any, str]]:
         lists = [
@@ -297,7 +300,10 @@ class _TakeOut:
     def __call__(self, ctx: Any, deadline: float) -> Any:
         result = self.result
         if result.removed_from and self._holder.has_set is False:
-            result.removed_from = ""  # our write lost to another: decide again on its state
+            # Our write lost to another's, or was applied under a reply that was lost (a
+            # loaded etcd; the client retried): decide again on the state read since.
+            self._seen = (result.removed_from, result.round, result.lapsed)
+            result.removed_from = ""
             result.lapsed = False
         state = ctx.state
         beat = state.last_heartbeats.get(ctx.node)
@@ -320,6 +326,10 @@ class _TakeOut:
                     return self._action.ERROR_TIMEOUT
                 result.removed_from, result.round = name, state.round
                 return action
+        if self._seen is not None and dead_since is None:
+            # This node was there at our first look and is gone: it has left, by our own
+            # write or another's (a peer that saw it dead reports its own take-out).
+            result.removed_from, result.round, result.lapsed = self._seen
         return self._action.FINISH
 
 
