@@ -17,9 +17,7 @@ from the line the stalling rank prints before it blocks to the next step line of
 from __future__ import annotations
 
 import re
-import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,13 +25,11 @@ from typing import Any
 
 import pytest
 from localrun_e2e import (
-    ROOT,
     USER_SCRIPT_SETS,
     LocalRun,
     assert_cleaned_up,
-    finished,
-    local_command,
     root_with_namespaces,
+    run_local,
     worker_pods,
 )
 
@@ -151,23 +147,14 @@ def run_hangs(
     tmp_path: Path, command: list[str], sets: list[str] | None = None, timeout: float = 300
 ) -> HangRun:
     """`elastic-local run` of the chart on `command`, to its end, its Events kept."""
-    cmd = local_command(tmp_path, command=command, sets=HANG_SETS + (sets or []), timeout=timeout)
     watch = EventWatch(tmp_path / "out" / "kubeconfig")
     thread = watch.start()
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
     try:
-        stdout, _ = proc.communicate(timeout=timeout + 120)
-    except BaseException:
-        proc.terminate()
-        proc.communicate(timeout=60)
-        raise
+        run = run_local(tmp_path, command=command, sets=HANG_SETS + (sets or []), timeout=timeout)
     finally:
         watch.stop.set()
         thread.join(timeout=10)
-    return HangRun(finished(tmp_path, proc.returncode, stdout, time.monotonic() - start), watch)
+    return HangRun(run, watch)
 
 
 def assert_completed(h: HangRun, steps: int) -> None:

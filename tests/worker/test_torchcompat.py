@@ -141,6 +141,19 @@ def _now(dr: ModuleType) -> datetime:
     return datetime.now(timezone.utc) if aware else datetime.now()
 
 
+def _round_of_two(
+    dr: ModuleType, backend: MemoryBackend, round_: int, beat_a: datetime | None = None
+) -> tuple[Any, Any]:
+    """A complete round of torchruns 11 (10.0.0.1, beat at `beat_a`, else now) and 22."""
+    now = _now(dr)
+    a, b = dr._NodeDesc("10.0.0.1", 11, 0), dr._NodeDesc("10.0.0.2", 22, 0)
+    last = {a: beat_a or now, b: now}
+    _write(
+        dr, backend, round=round_, complete=True, participants={a: 0, b: 1}, last_heartbeats=last
+    )
+    return a, b
+
+
 def _read(dr: ModuleType, backend: MemoryBackend) -> Any:
     assert backend.state is not None
     return pickle.loads(backend.state)
@@ -153,16 +166,7 @@ def test_a_participant_is_read_and_taken_out_and_the_round_moves_on(
     operation, so with the last participant gone a complete round moves on."""
     _, dr = release
     backend = MemoryBackend()
-    now = _now(dr)
-    a, b = dr._NodeDesc("10.0.0.1", 11, 0), dr._NodeDesc("10.0.0.2", 22, 0)
-    _write(
-        dr,
-        backend,
-        round=3,
-        complete=True,
-        participants={a: 0, b: 1},
-        last_heartbeats={a: now, b: now},
-    )
+    a, b = _round_of_two(dr, backend, 3)
     handler = _handler(dr, backend)
     assert sorted(torchcompat.participants(handler)) == [("10.0.0.1", 11), ("10.0.0.2", 22)]
     done = torchcompat.take_out(handler, "10.0.0.1", 11, timeout=5, module=dr)
@@ -184,15 +188,7 @@ def test_the_round_is_read_with_its_ranks_completeness_and_keep_alive(
     _, dr = release
     backend = MemoryBackend()
     now = _now(dr)
-    a, b = dr._NodeDesc("10.0.0.1", 11, 0), dr._NodeDesc("10.0.0.2", 22, 0)
-    _write(
-        dr,
-        backend,
-        round=5,
-        complete=True,
-        participants={a: 0, b: 1},
-        last_heartbeats={a: now, b: now},
-    )
+    a, _ = _round_of_two(dr, backend, 5)
     view = torchcompat.read_round(_handler(dr, backend))
     assert (view.round, view.complete) == (5, True)
     assert dict(view.ranks) == {("10.0.0.1", 11): 0, ("10.0.0.2", 22): 1}
@@ -230,16 +226,8 @@ def test_a_leaving_node_whose_keep_alive_lapsed_writes_itself_out(
     monkeypatch.setattr(dr, "_delay", lambda seconds: None)  # torch's 1 s pause before a sync
     backend = MemoryBackend()
     now = _now(dr)
-    a, b = dr._NodeDesc("10.0.0.1", 11, 0), dr._NodeDesc("10.0.0.2", 22, 0)
     stale = now - timedelta(seconds=60)  # past keep_alive_interval=5 x 3 attempts
-    _write(
-        dr,
-        backend,
-        round=3,
-        complete=True,
-        participants={a: 0, b: 1},
-        last_heartbeats={a: stale, b: now},
-    )
+    a, b = _round_of_two(dr, backend, 3, beat_a=stale)
     done = torchcompat.take_out(_handler(dr, backend), "10.0.0.1", 11, timeout=5, module=dr)
     assert (done.lapsed, done.removed_from, done.round) == (True, "its keep-alive", 3)
     state = _read(dr, backend)
@@ -273,15 +261,7 @@ def test_a_leave_whose_write_was_applied_but_not_acknowledged_says_it_left(
     _, dr = release
     backend = LostReply()
     now = _now(dr)
-    a, b = dr._NodeDesc("10.0.0.1", 11, 0), dr._NodeDesc("10.0.0.2", 22, 0)
-    _write(
-        dr,
-        backend,
-        round=3,
-        complete=True,
-        participants={a: 0, b: 1},
-        last_heartbeats={a: now, b: now},
-    )
+    a, b = _round_of_two(dr, backend, 3)
     handler = _handler(dr, backend)
     backend.lose_next = True
     done = torchcompat.take_out(handler, "10.0.0.1", 11, timeout=5, module=dr)
