@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from testlib import HELMS, ROOT, EtcdServer, build_chart_dependencies, start_etcd
+from testlib import (
+    HELMS,
+    RENDER_CACHE_ENV,
+    ROOT,
+    EtcdServer,
+    build_chart_dependencies,
+    start_etcd,
+)
 
 EXTENDED = "ELASTIC_TEST_EXTENDED"
 
@@ -41,9 +50,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
     """The charts' file:// dependencies built from the checkout as it is now, once: by the
-    controller before it starts any xdist worker (a worker has `workerinput`)."""
+    controller before it starts any xdist worker (a worker has `workerinput`). And a
+    directory for the session's chart renders, which the workers inherit through their
+    environment (chart_render.py: a case rendered on one worker is read on the others)."""
     if not hasattr(session.config, "workerinput"):
         build_chart_dependencies()
+        if RENDER_CACHE_ENV not in os.environ:
+            cache = tempfile.mkdtemp(prefix="elastic-test-renders-")
+            os.environ[RENDER_CACHE_ENV] = cache
+            session.config.add_cleanup(lambda: _forget_renders(cache))
+
+
+def _forget_renders(cache: str) -> None:
+    shutil.rmtree(cache, ignore_errors=True)
+    os.environ.pop(RENDER_CACHE_ENV, None)
 
 
 @pytest.fixture(scope="session")

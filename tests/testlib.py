@@ -20,6 +20,9 @@ from benches.procs import free_port
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / ".tools"
 HELMS = {"helm3": TOOLS / "helm3" / "helm", "helm4": TOOLS / "helm4" / "helm"}
+#: A directory the session's processes share for their chart renders (conftest.py sets it,
+#: tests/charts/chart_render.py reads and fills it); unset: each process renders its own.
+RENDER_CACHE_ENV = "ELASTIC_TEST_RENDER_CACHE"
 #: The etcd releases the tests run: Debian's 3.4 (on PATH) and 3.5 from scripts/bootstrap.
 ETCD_VERSIONS = ("3.4", "3.5")
 ETCD35 = TOOLS / "etcd3.5" / "etcd"

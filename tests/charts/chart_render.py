@@ -1,12 +1,16 @@
 """Render the charts with the real helm binaries and pick objects out of the result.
 
 Shared by every test in tests/charts. Renders are cached per (helm, chart, values, sets),
-so a case rendered by several tests costs one `helm template`.
+so a case rendered by several tests costs one `helm template`: in this process, and, under
+scripts/test, in a directory every xdist worker of the session shares (RENDER_CACHE_ENV,
+set by conftest.py), keyed by the bytes helm reads, so that another worker's render of the
+same case is read, not made again.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.resources
 import json
 import os
@@ -21,6 +25,7 @@ import jsonschema
 import kubernetes_validate.utils as kvu
 import yaml
 from referencing import Registry, Resource
+from testlib import RENDER_CACHE_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 CHARTS = ROOT / "charts"
@@ -101,6 +106,30 @@ def helm_run(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def _render_key(helm: Path, chart: Path, values: tuple[Path, ...], args: list[str]) -> str:
+    """What a render depends on: the helm binary, every file of the chart (its built
+    dependencies with it) and of the values files, as they are now, and the arguments."""
+    digest = hashlib.sha256()
+
+    def add(*parts: str | bytes) -> None:
+        for part in parts:
+            digest.update(part if isinstance(part, bytes) else part.encode())
+            digest.update(b"\0")
+
+    st = helm.stat()
+    add(str(helm), str(st.st_size), str(st.st_mtime_ns), *args)
+    if chart.is_file():  # a packaged chart
+        add(chart.read_bytes())
+    for dirpath, dirnames, filenames in os.walk(chart, followlinks=True):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            add(path.relative_to(chart).as_posix(), path.read_bytes())
+    for path in values:
+        add(Path(path).read_bytes())
+    return digest.hexdigest()
+
+
 @functools.cache
 def _template(
     helm: Path,
@@ -117,7 +146,26 @@ def _template(
         args += ["-f", str(path)]
     for item in sets:
         args += ["--set", item]
-    return helm_run(helm, *args, *extra)
+    args += extra
+    shared = os.environ.get(RENDER_CACHE_ENV)
+    if not shared or not Path(shared).is_dir():
+        return helm_run(helm, *args)
+    try:
+        key = _render_key(helm, chart, values, args)
+    except OSError:  # a file helm would fail on: let it say so
+        return helm_run(helm, *args)
+    cached = Path(shared) / f"{key}.json"
+    if cached.is_file():
+        got = json.loads(cached.read_text())
+        return subprocess.CompletedProcess(
+            got["args"], got["returncode"], got["stdout"], got["stderr"]
+        )
+    proc = helm_run(helm, *args)
+    record = {k: getattr(proc, k) for k in ("args", "returncode", "stdout", "stderr")}
+    partial = cached.with_name(f"{key}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(record))
+    partial.replace(cached)  # whole or absent, for the other workers
+    return proc
 
 
 def render(

@@ -6,6 +6,7 @@ package here. Helm 3 and 4, as the workflow's matrix."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,20 @@ def schemas(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return generate_schemas(tmp_path_factory.mktemp("crd-schemas"), crd_files())
 
 
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Path], Path]:
+    """ci/render-all's output for one helm, rendered once for this file's tests (each reads
+    it, none writes): a render of every configuration costs 10-20 s here."""
+    outs: dict[Path, Path] = {}
+
+    def get(helm: Path) -> Path:
+        if helm not in outs:
+            outs[helm] = render_all(helm, tmp_path_factory.mktemp("render-all") / "out")
+        return outs[helm]
+
+    return get
+
+
 def _schema_path(schemas: Path, obj: dict[str, Any]) -> Path:
     """kubeconform's '{{.Group}}/{{.ResourceKind}}_{{.ResourceAPIVersion}}.json'."""
     group, _, version = str(obj["apiVersion"]).rpartition("/")
@@ -62,12 +77,12 @@ def kubeconform_errors(schemas: Path, obj: dict[str, Any]) -> list[str]:
 
 
 def test_every_render_passes_the_kubeconform_step(
-    helm: Path, schemas: Path, tmp_path: Path
+    helm: Path, schemas: Path, rendered: Callable[[Path], Path]
 ) -> None:
     """Each file ci/render-all writes validates: CRD kinds against the generated schemas
     (PodGroup, Certificate, ServiceMonitor, the Argo CD Application), the rest against the
     strict Kubernetes schemas of 1.29..1.35; no duplicate keys."""
-    out = render_all(helm, tmp_path / "out")
+    out = rendered(helm)
     errors, kinds = [], set()
     for path in sorted(out.glob("*.yaml")):
         for obj in yaml.load_all(path.read_text(), Loader=_NoDuplicates):
@@ -89,12 +104,12 @@ def test_a_crd_kind_without_a_schema_fails(schemas: Path) -> None:
 
 
 def test_generated_schemas_refuse_unknown_fields_but_keep_open_subtrees(
-    helm: Path, schemas: Path, tmp_path: Path
+    helm: Path, schemas: Path, rendered: Callable[[Path], Path]
 ) -> None:
     """ci/crd_schemas.py makes the CRD schemas strict: a misspelt PodGroup field fails, while
     x-kubernetes-preserve-unknown-fields subtrees (an Application's helm valuesObject)
     stay open."""
-    out = render_all(helm, tmp_path / "out")
+    out = rendered(helm)
     (podgroup,) = [
         o
         for o in yaml.safe_load_all((out / "elastic-job-ci-gang-values.yaml").read_text())

@@ -50,6 +50,7 @@ def setup_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return runner_python(tmp_path_factory.mktemp("setup-python") / "venv")
 
 
+@pytest.mark.slow
 def test_the_lint_job_runs_helm_lint_on_every_chart_and_values_file(tmp_path: Path) -> None:
     checkout = clean_copy(ROOT, tmp_path / "checkout")
     run = run_job(
@@ -69,6 +70,7 @@ def test_the_lint_job_runs_helm_lint_on_every_chart_and_values_file(tmp_path: Pa
     assert lint.output.count("1 chart(s) linted, 0 chart(s) failed") == len(charts) + len(values)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("helm", ["3", "4"])
 def test_the_kubeconform_job_makes_the_schemas_and_renders(
     helm: str, setup_python: Path, tmp_path: Path

@@ -11,6 +11,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from testlib import ROOT, runner_python
 from workflow_runner import Skip, clean_copy, load, run_job
@@ -43,6 +44,7 @@ def test_it_runs_on_pull_requests_and_pushes_to_main() -> None:
     assert load(WORKFLOW)["permissions"] == {"contents": "read"}
 
 
+@pytest.mark.slow
 def test_the_setup_runs_and_gives_the_projects_python_and_pip(tmp_path: Path) -> None:
     python_bin = runner_python(tmp_path / "setup-python")
     run = run_job(

@@ -22,6 +22,7 @@ from testlib import ROOT, TOOLS
 CLIENTS = ["36.0.3"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", CLIENTS)
 def test_the_api_tests_pass_with_another_client(version: str) -> None:
     target = TOOLS / "cli-clients" / version

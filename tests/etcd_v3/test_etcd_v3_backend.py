@@ -65,6 +65,7 @@ def test_compare_and_set_loses_no_write_among_threads(etcd3: EtcdServer) -> None
     assert sum(retries) > 0, "the writers never raced: the test proves nothing"
 
 
+@pytest.mark.slow
 def test_compare_and_set_loses_no_write_among_processes(etcd3: EtcdServer) -> None:
     ctx = multiprocessing.get_context("spawn")
     out: multiprocessing.Queue[int] = ctx.Queue()

@@ -73,6 +73,7 @@ def _v2_key_exists(url: str) -> bool:
         raise
 
 
+@pytest.mark.slow
 def test_an_etcd_back_after_a_ttl_expires_v2_keys_at_once_and_renews_v3_leases(
     member: Member,
 ) -> None:

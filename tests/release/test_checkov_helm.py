@@ -18,6 +18,10 @@ import pytest
 from testlib import ROOT
 from workflow_runner import clean_copy
 
+# checkov's scans (three: the checkout, one chart directory, the packaged charts), as
+# tests/charts/test_checkov.py's: 24 s for the file here; scripts/test and CI run them.
+pytestmark = pytest.mark.slow
+
 CHECKOV = ROOT / ".tools" / "checkov" / "bin" / "checkov"
 HELM3 = ROOT / ".tools" / "helm3"
 # checkov's helm runner renders with `helm template` and no --namespace, so every

@@ -66,6 +66,7 @@ def last_json(output: str) -> dict[str, object]:
     return row
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("parallel", "copies"), [("ddp", 3), ("fsdp2", 3), ("fsdp2-ring", 0)])
 def test_a_failure_halfway_through_an_epoch_saves_the_last_step_done_exactly(
     tmp_path: Path, parallel: str, copies: int
@@ -100,6 +101,7 @@ def test_a_failure_halfway_through_an_epoch_saves_the_last_step_done_exactly(
     ), said
 
 
+@pytest.mark.slow
 def test_sigterm_halfway_through_an_epoch_saves_the_last_step_done_at_once(
     tmp_path: Path,
 ) -> None:

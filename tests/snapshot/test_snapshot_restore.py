@@ -13,12 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from testlib import free_port
 
 WORLD = 3
 SCRIPT = Path(__file__).with_name("restore_ranks.py")
 
 
+@pytest.mark.slow
 def test_a_same_world_restore_loads_each_shard_exactly_and_owns_its_memory(
     tmp_path: Path,
 ) -> None:

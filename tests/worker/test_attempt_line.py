@@ -205,6 +205,7 @@ def torchrun(
     return result, out
 
 
+@pytest.mark.slow
 def test_one_attempt_line_per_attempt_from_local_rank_0_and_the_program_sees_what_it_did(
     etcd: EtcdServer, tmp_path: Path
 ) -> None:

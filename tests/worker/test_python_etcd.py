@@ -106,6 +106,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_torchrun_forms_a_two_node_group_on_etcd_v2_with_the_pinned_urllib3(
     etcd: EtcdServer, tmp_path: Path
 ) -> None:

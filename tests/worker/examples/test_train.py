@@ -7,6 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from worker.worker_helpers import BIN, TRAIN
 
 
@@ -30,6 +32,7 @@ def train(ckpt: Path, steps: int, every: int) -> list[str]:
     return [line for line in result.stdout.splitlines() if line.startswith("[train]")]
 
 
+@pytest.mark.slow
 def test_lines_checkpoints_resume_and_fallback(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     lines = train(ckpt, steps=7, every=3)

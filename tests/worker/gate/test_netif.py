@@ -189,6 +189,7 @@ def test_the_entrypoint_logs_the_choice_once_and_exports_it(
     assert "--local-addr=198.18.1.2" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_required_mesh_is_waited_for_then_chosen(
     netns: Netns, netns_etcd: str, tmp_path: Path
 ) -> None:

@@ -340,6 +340,7 @@ def pods(
             proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "n", "culprits", "why"),
     [
@@ -364,6 +365,7 @@ def test_every_pod_names_the_hung_rank(
         assert all(r.where for r in verdict.culprits)  # named where it waits
 
 
+@pytest.mark.slow
 def test_a_rank_that_keeps_writing_is_not_hung(client: kvstore.KeyStore, tmp_path: Path) -> None:
     """Rank 1 writes a long checkpoint (rank 0 waits in its all_reduce): judged, no verdict."""
     with pods(client, tmp_path, "io") as (watches, heard):

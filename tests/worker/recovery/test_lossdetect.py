@@ -132,6 +132,7 @@ def test_a_frozen_member_stops_the_others_training_within_the_ttl_and_itself_on_
     wait_until("pod-b's own training process to stop", pods["pod-b"].stopped_by_liveness, 5)
 
 
+@pytest.mark.slow
 def test_a_round_name_kept_by_a_re_form_stops_nobody_for_a_member_of_the_round_before(
     pods: dict[str, Pod],
 ) -> None:
@@ -165,6 +166,7 @@ def test_a_round_name_kept_by_a_re_form_stops_nobody_for_a_member_of_the_round_b
             proc.wait()
 
 
+@pytest.mark.slow
 def test_healthy_members_and_a_clean_leave_stop_nothing(
     pods: dict[str, Pod], client: kvstore.KeyStore
 ) -> None:

@@ -289,6 +289,7 @@ def test_an_unreachable_etcd_costs_only_the_speed_up(caplog: pytest.LogCaptureFi
 # -- etcd-lease: the round in the job's own keys (round.Leases) ------------------------------
 
 
+@pytest.mark.slow
 def test_on_etcd_lease_the_round_is_read_and_a_node_taken_out_without_torch(
     etcd_factory: Callable[..., EtcdServer],
 ) -> None:
@@ -334,6 +335,7 @@ def _env(cfg: config.Config) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_on_etcd_lease_a_pod_holds_lifelines_to_the_next_members_in_rank_order_only(
     etcd_factory: Callable[..., EtcdServer],
 ) -> None:

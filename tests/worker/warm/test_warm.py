@@ -261,6 +261,7 @@ def test_a_bad_preload_list_is_refused_by_name() -> None:
 # -- under real torchrun -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_under_torchrun_a_warm_attempt_sees_what_a_cold_one_does(
     etcd: EtcdServer, tmp_path: Path, server: warm.Handle
 ) -> None:

@@ -87,6 +87,7 @@ def _ranks(argv: list[str], tmp_path: Path, world: int = 2) -> list[tuple[int | 
     return results
 
 
+@pytest.mark.slow
 def test_a_ddp_script_with_a_collective_running_at_its_end_ends_as_under_python_u(
     pod_server: warm.Handle, tmp_path: Path
 ) -> None:
