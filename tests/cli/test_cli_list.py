@@ -47,7 +47,8 @@ def api(tmp_path: Path, trained: list[Worker]) -> Iterator[FakeApiServer]:
     to 0 by its end) and a StatefulSet of another chart; in team-b: solo (one pod of min 2)."""
     with FakeApiServer(load_nodes("local"), workdir=tmp_path / "api", namespace=NS) as server:
         add_release(server, NS, "run42", 2, metrics=True, created=_created(AGO))
-        add_release(server, NS, "alpha", 2, created=_created(timedelta(seconds=42)))
+        # minutes: a loaded machine may take a second between the fixture and the listing
+        add_release(server, NS, "alpha", 2, created=_created(timedelta(minutes=42)))
         add_release(server, NS, "done", 0, created=_created(timedelta(days=3, hours=5)))
         server.add_statefulset(NS, "postgres", 1)  # not elastic-job's: not listed
         add_release(server, "team-b", "solo", 1, min_nodes=2, max_nodes=4)
@@ -81,7 +82,7 @@ def test_list_shows_every_release_of_the_namespace_one_row_each(
     assert (code, err) == (0, "")
     assert table(out) == [
         HEADER,
-        ["alpha", "running", "2", "2", "3", "-", "-", "42s"],
+        ["alpha", "running", "2", "2", "3", "-", "-", "42m"],
         ["done", "complete", "0", "2", "3", "-", "-", "3d5h"],
         ["run42", "training", "2", "2", "3", "3", "18", "3h20m"],
     ]

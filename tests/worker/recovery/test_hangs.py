@@ -210,8 +210,13 @@ def test_the_probe_counts_optimizer_steps_and_dumps_stacks_on_its_signal(probe_d
         assert (probe.local_rank, probe.rank, probe.pid, probe.steps) == (1, 5, proc.pid, 3)
         watch = hangs.HangWatch.__new__(hangs.HangWatch)
         watch.probe_dir = probe_dir
-        frames = watch._dump([probe])[1]
-        assert frames and frames[-1].func == "<module>" and frames[0].func == "wait"
+        # The script may not be in its wait yet, just after the print (a loaded machine)
+        deadline = time.monotonic() + 20
+        while not ((frames := watch._dump([probe])[1]) and frames[0].func == "wait"):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert frames and frames[-1].func == "<module>" and frames[0].func == "wait", frames
         assert not hangs.in_collective(frames)
         assert proc.poll() is None  # the dump did not stop it
         assert not (probe_dir / "ended-1").exists()  # its script still runs
