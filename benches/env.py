@@ -6,9 +6,12 @@ Standard library only: the entry points import this before anything of the venv'
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -23,3 +26,12 @@ def in_venv(name: str) -> None:
     if not VENV_PYTHON.exists():
         sys.exit(f"{name}: no .venv: run scripts/bootstrap first")
     os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), sys.argv[0], *sys.argv[1:]])
+
+
+def report(path: Path, results: dict[str, Any], lines: Iterable[str]) -> None:
+    """A bench's end: every run in `path` (JSON), its table on stdout, and where it went."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    for line in lines:
+        print(line)
+    print(f"\nwrote {path}")

@@ -19,14 +19,13 @@ out/bench/hangs.json) and prints the table; each run is printed as it ends.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benches.env import ROOT
+from benches.env import ROOT, report
 from benches.hangs.measure import HOWS, STEP_SECONDS, VARIANTS, hang_once
 from benches.stats import summary_cut
 
@@ -103,9 +102,5 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": round(time.monotonic() - started),
         "load_average": round(os.getloadavg()[0], 1),
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
-    for line in table_lines(results):
-        print(line)
-    print(f"\nwrote {args.json}")
+    report(args.json, results, table_lines(results))
     return 0

@@ -23,7 +23,6 @@ out/bench/snapshots.json) and prints the table; each figure's runs are printed a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benches.churn.localrun import needs_root
-from benches.env import ROOT
+from benches.env import ROOT, report
 from benches.snapshots.goodput import CHURN_FULL, CHURN_QUICK, run_goodput
 from benches.snapshots.job import LOSSES
 from benches.snapshots.losses import run_losses
@@ -98,9 +97,5 @@ def main(argv: list[str] | None = None) -> int:
             parallels=args.parallel,
         ),
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
-    for line in table_lines(results):
-        print(line)
-    print(f"\nwrote {args.json}")
+    report(args.json, results, table_lines(results))
     return 0
