@@ -97,11 +97,18 @@ def table_lines(results: dict[str, Any]) -> list[str]:
             line = f"{'  ' + title:<38}"
             for lb in labels:
                 value = (cells[lb] or {}).get(key)
-                line += f"{'-' if value is None else f'{value:g}':>22}"
+                line += f"{_count(value):>22}"
             out.append(line)
     m = results.get("machine", {})
     out.append(f"\nload average at start {m.get('load_at_start')}, at end {m.get('load_at_end')}")
     return out
+
+
+def _count(value: float | None) -> str:
+    """A cost: '-' when not measured, whole above 1000 (1,045,030, not 1.04503e+06)."""
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:g}"
 
 
 def print_table(results: dict[str, Any]) -> None:
@@ -143,7 +150,7 @@ def markdown_lines(results: dict[str, Any]) -> list[str]:
             values = [(cells[lb] or {}).get(key) for lb in labels]
             out.append(
                 f"| {n} | {title} | "
-                + " | ".join("-" if v is None else f"{v:g}" for v in values)
+                + " | ".join(_count(v) for v in values)
                 + " |"
             )
     return out
