@@ -564,9 +564,18 @@ class TorchrunWatch:
 
     def _leave(self, pid: int) -> bool:
         """True when this call took the node out (the take-out said so in the log)."""
-        ops = self.ops
-        if ops is not None:
-            with contextlib.suppress(HelperError):
-                return ops.leave((self.addr, pid))
-            logger.info("leaving through the lifelines' helper failed: here instead")
-        return rounds.leave(self.policy.config, self.rdzv_id, self.local_addr, pid)
+        ops, started = self.ops, False
+        if ops is None and self.warm_socket is not None:
+            # No lifelines, so no round's operations running: a helper forked from the warm
+            # server now (torch imported there) leaves in well under a second, where
+            # importing torch here took longer than the workers' checkpoint on a loaded CI.
+            ops, started = helper.ops_for(self.policy.config, self.rdzv_id, self.warm_socket), True
+        try:
+            if ops is not None:
+                with contextlib.suppress(HelperError):
+                    return ops.leave((self.addr, pid))
+                logger.info("leaving through the lifelines' helper failed: here instead")
+            return rounds.leave(self.policy.config, self.rdzv_id, self.local_addr, pid)
+        finally:
+            if started and ops is not None:
+                ops.close()
