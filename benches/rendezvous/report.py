@@ -148,9 +148,5 @@ def markdown_lines(results: dict[str, Any]) -> list[str]:
             out.append(f"| {n} | {title} | " + " | ".join(row) + " |")
         for key, title, _ in COSTS:
             values = [(cells[lb] or {}).get(key) for lb in labels]
-            out.append(
-                f"| {n} | {title} | "
-                + " | ".join(_count(v) for v in values)
-                + " |"
-            )
+            out.append(f"| {n} | {title} | " + " | ".join(_count(v) for v in values) + " |")
     return out
