@@ -6,6 +6,8 @@ ranks of a real gloo job, one of which hangs while its process lives.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import socket
 import subprocess
@@ -17,7 +19,7 @@ import pytest
 from elastic_worker import rankprobe
 from elastic_worker.keystore import interface as kvstore
 from elastic_worker.recovery import hangs
-from elastic_worker.recovery.lossdetect import ALIVE, RoundAttempt
+from elastic_worker.recovery.lossdetect import ALIVE, LEFT, RoundAttempt
 
 from worker.worker_helpers import PYTHON, keystore_fixtures, wait_until
 
@@ -130,6 +132,27 @@ def test_no_attempt_no_judgement(client: kvstore.KeyStore, tmp_path: Path) -> No
     watch.check(0.0)
     watch.check(10_000.0)
     assert watch._checks == 0 and heard.verdicts == []
+
+
+def test_a_late_pod_names_the_culprit_whose_pod_already_left_the_round(
+    client: kvstore.KeyStore, tmp_path: Path
+) -> None:
+    """The culprit's pod reached the verdict first, stopped its processes and left the round
+    (its key says `left`): a pod that judges after that names the same culprit from the same
+    reports, and does not take the two ranks left, waiting at one place, for a hung round."""
+    round_ = "r@a:7"
+    rounds, reports = f"/elastic-job/{JOB}/rounds/{round_}", f"/elastic-job/{JOB}/hangs/{round_}"
+    client.set(f"{rounds}/pod-0", ALIVE)
+    client.set(f"{rounds}/pod-1", LEFT)
+    client.set(f"{rounds}/pod-2", ALIVE)
+    client.set(f"{rounds}/pod-3", LEFT)  # left earlier, without a report: not judged
+    for culprit in (state(1, stack="b", collective=False), state(2)):
+        body = {"check": 1, "ranks": [dataclasses.asdict(culprit)]}
+        client.set(f"{reports}/{culprit.pod}", json.dumps(body))
+    watch, _ = idle_watch(client, tmp_path, [None])
+    verdict = watch.agree(RoundAttempt(round_, 1), [state(0)])
+    assert verdict is not None and [r.rank for r in verdict.culprits] == [1], verdict
+    assert "outside any collective while 2 rank(s)" in verdict.why
 
 
 # -- the culprit ----------------------------------------------------------------------------

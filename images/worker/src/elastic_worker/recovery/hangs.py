@@ -54,7 +54,7 @@ from typing import Protocol
 from elastic_worker import rankprobe, timings
 from elastic_worker.attempt_line import Tail, process_alive
 from elastic_worker.keystore import interface as kvstore
-from elastic_worker.recovery.lossdetect import ALIVE, MARKER, RoundAttempt
+from elastic_worker.recovery.lossdetect import ALIVE, LEFT, MARKER, RoundAttempt
 
 logger = logging.getLogger(__name__)
 
@@ -412,10 +412,13 @@ class HangWatch:
     def agree(self, attempt: RoundAttempt, mine: list[RankState]) -> Verdict | None:
         """The verdict once every alive member of the round has a stall report standing
         (a pod deletes its own when it steps again); None when one did not report within
-        `agree_for` (it steps: the round is not hung)."""
+        `agree_for` (it steps: the round is not hung). A member that reported and then left
+        (the culprit's pod, faster than this one, stopped its processes) still counts: every
+        pod judges the same reports, so a late pod names the same culprit, not a round of
+        the ones left."""
         deadline = time.monotonic() + self.agree_for
         while not self._stop.is_set():
-            members = self._members(attempt.round)
+            members, left = self._members(attempt.round)
             reports: dict[str, list[RankState]] = {self.pod: mine}
             for entry in self.client.list_dir(f"{self.prefix}/hangs/{attempt.round}"):
                 pod = entry.key.rsplit("/", 1)[-1]
@@ -425,7 +428,8 @@ class HangWatch:
                     body = json.loads(entry.value)
                     reports[pod] = [RankState(**r) for r in body["ranks"]]
             if members and members <= set(reports):
-                states = [s for pod in sorted(members) for s in reports[pod]]
+                judged = members | (left & set(reports))
+                states = [s for pod in sorted(judged) for s in reports[pod]]
                 return blame(states) if states else Verdict((), "no rank could be read")
             if time.monotonic() >= deadline:
                 waiting = ", ".join(sorted(members - set(reports))) or "nobody"
@@ -434,13 +438,17 @@ class HangWatch:
             self._stop.wait(self.poll)
         return None
 
-    def _members(self, round_: str) -> set[str]:
-        entries = self.client.list_dir(f"{self.prefix}/rounds/{round_}")
-        return {
-            e.key.rsplit("/", 1)[-1]
-            for e in entries
-            if e.value == ALIVE and not e.key.endswith("/" + MARKER)
+    def _members(self, round_: str) -> tuple[set[str], set[str]]:
+        """The round's members alive, and those that left it (lossdetect.py's keys)."""
+        names = {
+            e.key.rsplit("/", 1)[-1]: e.value
+            for e in self.client.list_dir(f"{self.prefix}/rounds/{round_}")
+            if not e.key.endswith("/" + MARKER)
         }
+        return (
+            {name for name, value in names.items() if value == ALIVE},
+            {name for name, value in names.items() if value == LEFT},
+        )
 
 
 def _io_bytes(pid: int) -> int:
