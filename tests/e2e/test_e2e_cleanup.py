@@ -16,7 +16,7 @@ from localrun_e2e import (
     runner_argv,
 )
 
-from localrun.host.network import remove_stale
+from localrun.host.network import _state_lock, remove_stale
 
 # Shared scenario helpers live in localrun_e2e.py, imported by name like tests/testlib.py.
 pytestmark = [
@@ -25,11 +25,12 @@ pytestmark = [
 ]
 
 
-def _start_runner(tmp_path: Path) -> tuple[subprocess.Popen[str], list[str]]:
-    """The runner in the background; returns it and the lines it printed until the
-    worker containers started."""
+def _start_runner(tmp_path: Path, release: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """The runner of `release` in the background; returns it and the lines it printed until
+    the worker containers started. Each test has a release of its own: tests that run at the
+    same time on other pytest workers must not see each other's pods."""
     cmd = [
-        *runner_argv("e2eint"),
+        *runner_argv(release),
         "--plain",
         "--output",
         str(tmp_path / "out"),
@@ -62,7 +63,7 @@ def _leftovers(prefix: str) -> list[str]:
     return found
 
 
-def _processes_of(out: Path) -> list[int]:
+def _processes_of(out: Path, release: str) -> list[int]:
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -72,7 +73,7 @@ def _processes_of(out: Path) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"HOSTNAME=e2eint-" in environ or str(out).encode() in cmdline:
+        if f"HOSTNAME={release}-".encode() in environ or str(out).encode() in cmdline:
             pids.append(int(proc.name))
     return pids
 
@@ -94,7 +95,8 @@ def _describe(pids: list[int]) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_removes_everything_it_made(tmp_path: Path, signum: int) -> None:
-    proc, lines = _start_runner(tmp_path)
+    release = f"e2eint{int(signum)}"
+    proc, lines = _start_runner(tmp_path, release)
     prefix = f"e{proc.pid}"
     try:
         assert _leftovers(prefix), "the run made namespaces and links"
@@ -106,22 +108,26 @@ def test_interrupted_run_removes_everything_it_made(tmp_path: Path, signum: int)
     assert proc.returncode == 128 + signum, "".join(lines) + out
     assert f"interrupted by signal {int(signum)}" in out
     assert _leftovers(prefix) == []
-    left = _processes_of(tmp_path / "out")
+    left = _processes_of(tmp_path / "out", release)
     assert left == [], _describe(left)
 
 
 @pytest.mark.slow
 def test_sigkilled_run_takes_its_pods_along_and_the_next_run_cleans_up(tmp_path: Path) -> None:
-    proc, _ = _start_runner(tmp_path)
+    release = "e2ekill"
+    proc, _ = _start_runner(tmp_path, release)
     prefix = f"e{proc.pid}"
-    proc.kill()
-    proc.wait(30)
-    deadline = time.monotonic() + 20
-    while _processes_of(tmp_path / "out") and time.monotonic() < deadline:
-        time.sleep(0.5)
-    left = _processes_of(tmp_path / "out")
-    assert left == [], f"containers die with the runner; left: {_describe(left)}"
-    assert _leftovers(prefix), "namespaces of a SIGKILLed run are left until the next run"
+    # Runs that start meanwhile (other tests, on other pytest workers) remove what a killed
+    # run left, under this lock: held until the leftovers are seen, they cannot.
+    with _state_lock():
+        proc.kill()
+        proc.wait(30)
+        deadline = time.monotonic() + 20
+        while _processes_of(tmp_path / "out", release) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = _processes_of(tmp_path / "out", release)
+        assert left == [], f"containers die with the runner; left: {_describe(left)}"
+        assert _leftovers(prefix), "namespaces of a SIGKILLed run are left until the next run"
     remove_stale()
     remaining = [x for x in _leftovers(prefix) if "elastic-local-" not in x]
     assert remaining == []
