@@ -53,6 +53,7 @@ def test_a_node_whose_workers_succeeded_waits_for_the_others_the_timeout_then_ex
     base = worker_env(etcd.endpoint, "barrier", ELASTIC_EXIT_BARRIER_TIMEOUT="3")
     cfg = config.load(["python", str(program)], dict(base))
     env, _ = launch.build_env(cfg, None, base)
+    env["LOGLEVEL"] = "INFO"  # torch's agent says where it waits: read when this fails
     nodes = []
     for n in range(2):
         report = tmp_path / f"report-{n}"
@@ -70,7 +71,9 @@ def test_a_node_whose_workers_succeeded_waits_for_the_others_the_timeout_then_ex
         while done is None and time.monotonic() < deadline:
             done = next((n for n in nodes if n[0].poll() is not None), None)
             time.sleep(0.1)
-        assert done is not None, "no torchrun exited within 120 s"
+        logs = "\n".join(f"node-{n}:\n" + (tmp_path / f"node-{n}.log").read_text()[-3000:]
+                         for n in range(2))  # fmt: skip
+        assert done is not None, f"no torchrun exited within 120 s\n{logs}"
         proc, report, _ = done
         exited = time.time()
         assert proc.returncode == 0
