@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -87,6 +88,11 @@ def _ranks(argv: list[str], tmp_path: Path, world: int = 2) -> list[tuple[int | 
     return results
 
 
+#: What a process aborted at interpreter finalization by a gloo thread's noexcept
+#: destructor prints (see the test below).
+TORCH_FINALIZATION_ABORT = "terminate called without an active exception"
+
+
 @pytest.mark.slow
 def test_a_ddp_script_with_a_collective_running_at_its_end_ends_as_under_python_u(
     pod_server: warm.Handle, tmp_path: Path
@@ -100,10 +106,15 @@ def test_a_ddp_script_with_a_collective_running_at_its_end_ends_as_under_python_
     script.write_text(IN_FLIGHT_AT_RETURN)
     cold = _ranks([str(PYTHON), "-u", str(script)], tmp_path)
     hot = _ranks(client(pod_server, str(script)), tmp_path)
-    for how, results in (("python -u", cold), ("warm", hot)):
-        for rank, (code, out) in enumerate(results):
-            assert code == 0, f"{how}: rank {rank} exit {code} (None: hung)\n{out[-3000:]}"
-            assert "returned" in out, (how, rank, out[-3000:])
+    for rank, (code, out) in enumerate(cold):
+        # plain python ends, but its gloo threads may abort it at finalization (torch's, not
+        # ours: the test below shows why the warm ranks do not): exit -6 once on CI
+        aborted = code == -signal.SIGABRT and TORCH_FINALIZATION_ABORT in out
+        assert code == 0 or aborted, f"python -u: rank {rank} exit {code} (None: hung)\n{out}"
+        assert "returned" in out, (rank, out[-3000:])
+    for rank, (code, out) in enumerate(hot):
+        assert code == 0, f"warm: rank {rank} exit {code} (None: hung)\n{out[-3000:]}"
+        assert "returned" in out, (rank, out[-3000:])
 
 
 #: Preloaded by the server, so its exit handler runs after every one its children register
