@@ -336,6 +336,7 @@ def test_a_release_without_an_internal_costs_only_the_speed_up(
     # turned propagation off (main.setup_logging) or dropped the package's loggers from
     # logging's registry (a warm child's _forget_the_server), leaving it another parent.
     monkeypatch.setattr(rounds.logger, "level", logging.INFO)
+    monkeypatch.setattr(rounds.logger, "disabled", False)  # a dictConfig may have set it
     rounds.logger.addHandler(caplog.handler)
     try:
         assert rounds.take_out(lambda: _handler(dr, backend), "fence", "10.0.0.1", 11) is False
