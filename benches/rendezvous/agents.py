@@ -11,7 +11,11 @@ Prints one JSON line when ready ({"pid", "lifeline_port"}), then answers:
     join       every agent that is not joining calls next_rendezvous (thread join-<i>)
     train      from now on, each agent that holds a rank asks num_nodes_waiting every
                monitor s and joins again when it is above 0 (torch's agent loop)
-    reform     every agent joins again within a monitor interval (its workers failed)
+    reform [SINCE]
+               every agent joins again within a monitor interval (its workers failed);
+               with SINCE (time.time()), those that got a rank after it are left alone:
+               they are in a round without the lost node already, and elastic-worker's
+               loss detection reads the members of a pod's current round only
     lifeline HOST PORT VICTIM AGENTS
                the agents numbered in AGENTS (comma-separated) hold a lifeline to the
                victim's lifeline port; when it closes, each takes the victim out as
@@ -155,9 +159,12 @@ class Process:
                 if waiting > 0:
                     agent.join()
 
-    def reform(self) -> None:
+    def reform(self, since: float = 0.0) -> None:
         for agent in self.agents.values():
-            agent.join(random.uniform(0, self.spec["monitor"]))
+            with agent.lock:
+                reformed = agent.done > since > 0
+            if not reformed:
+                agent.join(random.uniform(0, self.spec["monitor"]))
 
     # -- lifelines: a closed one takes the victim out, as elastic-worker does
     def lifeline(self, host: str, port: int, victim: dict[str, Any], numbers: list[int]) -> None:
@@ -313,7 +320,7 @@ def main(argv: list[str]) -> int:
             proc.training.set()
             threading.Thread(target=proc.monitor, name="monitor", daemon=True).start()
         elif command == "reform":
-            proc.reform()
+            proc.reform(float(words[1]) if len(words) > 1 else 0.0)
         elif command == "lifeline":
             host, port, victim, numbers = words[1], int(words[2]), json.loads(words[3]), words[4]
             proc.lifeline(host, port, victim, [int(n) for n in numbers.split(",") if n])

@@ -9,9 +9,11 @@ the chart's settings for a job of that size, through four phases:
              within a monitor interval (its workers failed): seconds until every survivor
              holds its rank in the next round
   silent     another agent's process SIGSTOPped (its sockets open, its heartbeats
-             stopped): elastic-worker's loss detection (a key of LOSS_TTL s) sends every
-             survivor to the next round when it lapses; etcd-lease's own members see its
-             lease lapse first: seconds until every survivor holds its rank again
+             stopped): elastic-worker's loss detection (a key of ROUND_KEY_TTL s) sends
+             every survivor still in its round to the next one when it lapses;
+             etcd-lease's own members see its lease lapse first (a survivor that has
+             re-formed without it is left alone, as the worker leaves it): seconds until
+             every survivor holds its rank again
 
 The agents are threads in AGENT_PROCESSES processes (agents.py); each victim is alone in
 its own. min_nodes is N-2, so that the round forms again after both losses; max_nodes N.
@@ -57,7 +59,7 @@ SETTLE_S = 2.0
 #: Lifelines each etcd-lease node holds: to the next ones by rank (a ring).
 LEASE_LIFELINES = 2
 #: elastic-worker's loss detection, as the chart sets it (recovery/lossdetect.py):
-#: a key of LOSS_TTL s refreshed every second, read every LOSS_POLL s.
+#: a key of ROUND_KEY_TTL s refreshed every second, read every LOSS_POLL s.
 LOSS_POLL = timings.ROUND_POLL
 POLL = 0.25  # seconds between the driver's reports
 #: Where etcd keeps its data during a run: tmpfs where there is one.
@@ -350,7 +352,9 @@ def lose(
         _send_all(survivors, "reform")  # their workers failed with the victim's sockets
     else:
         os.kill(victim.proc.pid, signal.SIGSTOP)
-        loss_detected(run, what, at, partial(_send_all, survivors, "reform"))
+        # only the survivors still in the lost node's round: one re-formed without it (on
+        # etcd-lease, once its lease lapsed) reads the members of its new round
+        loss_detected(run, what, at, partial(_send_all, survivors, f"reform {at}"))
     seconds, reports = run.wait_ranked(survivors, at, world)
     row[what] = _per(_diff(_totals(reports), before), world)
     row[f"{what}_spread"] = spread(reports, at)

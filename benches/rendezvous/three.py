@@ -4,10 +4,9 @@ worker's lifelines and leave), on each backend in turn (`scripts/bench-rendezvou
 --three-nodes`): SIGKILL of one of three (the group-rank-0 node and another), SIGTERM of
 one, scale-up 2 -> 3, bring-up of 4; seconds until every survivor (or every node) trains.
 
-The worker's lifelines and leave act on torch's dynamic rendezvous only (torchcompat.py):
-on etcd-lease they do nothing yet, and the figure is the backend's own (a dead node leaves
-when its lease lapses, a stopped one when its torchrun exits; the round re-forms without
-it at once).
+The worker's lifelines and leave act on every backend (elastic_worker/recovery/round.py):
+on torch's dynamic rendezvous through torchcompat.py, on etcd-lease by revoking the lost
+node's lease, after which the round re-forms without it at once.
 """
 
 from __future__ import annotations

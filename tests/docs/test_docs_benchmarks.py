@@ -62,3 +62,22 @@ def test_the_benchmarks_page_names_the_run_its_plots_show_and_links_them() -> No
     assert RUN["command"] in words and RUN["started"][:10] in words
     for image in re.findall(r"!\[[^]]*\]\(([^)]+)\)", PAGE):
         assert (ROOT / "docs" / image).is_file(), image
+
+
+def test_the_three_node_table_of_each_backend_is_the_recorded_runs_medians() -> None:
+    """docs/rendezvous.md's whole-job table at three nodes: each cell the summary of the
+    rows in docs/benchmarks/three-nodes.json (scripts/bench-rendezvous --three-nodes)."""
+    recorded = json.loads((ROOT / "docs" / "benchmarks" / "three-nodes.json").read_text())
+    page = (ROOT / "docs" / "rendezvous.md").read_text()
+    shown = table(page, "## At three nodes: a whole job")
+    from benches.rendezvous.three import BACKENDS  # noqa: PLC0415
+    from benches.suite.figures import RUNS  # noqa: PLC0415
+
+    assert set(recorded["summary"]) == set(RUNS)
+    for figure, (title, _, _) in RUNS.items():
+        cells = recorded["summary"][figure]
+        expected = [
+            [cells[b]["median"], cells[b]["min"], cells[b]["max"]] for b in BACKENDS if b in cells
+        ]
+        got = [[float(n) for n in re.findall(r"\d+(?:\.\d+)?", cell)] for cell in shown[title]]
+        assert got == [[round(x, 2) for x in row] for row in expected], title
