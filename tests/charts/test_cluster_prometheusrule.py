@@ -47,6 +47,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_each_alert_fires_on_its_series_and_stays_silent_on_a_healthy_job(
     tmp_path: Path,
 ) -> None:

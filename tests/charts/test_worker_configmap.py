@@ -9,6 +9,7 @@ import gzip
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from chart_render import (
     ELASTIC_JOB,
@@ -76,6 +77,7 @@ def test_a_statefulset_does_not_grow_with_the_number_of_groups(tmp_path: Path) -
     assert first_sts(2) == first_sts(61)
 
 
+@pytest.mark.slow
 def test_the_release_at_the_bound_of_groups_fits_helms_release_secret(tmp_path: Path) -> None:
     """workerGroups at its schema bound (1,000 groups) renders, and the manifest, gzip'd
     and base64'd as Helm stores it, takes under a fifth of the Secret it is stored in

@@ -5,6 +5,7 @@ checked by ci/fetch-verified), their generated schemas, and the renders of ci/re
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -90,8 +91,14 @@ def generate_schemas(outdir: Path, files: list[Path]) -> Path:
 
 
 def render_all(helm: Path, outdir: Path) -> Path:
+    """ci/render-all into `outdir`, run in a copy of what it reads: its `helm dependency
+    build` rewrites charts/*/charts/, which would pull a chart from under the renders the
+    other test workers make of the checkout at the same moment."""
+    repo = outdir.parent / "repo"
+    for part in ("ci", "charts", "values-examples", "tests/charts/values"):
+        shutil.copytree(ROOT / part, repo / part, symlinks=True)
     proc = subprocess.run(
-        [CI / "render-all", outdir],
+        [repo / "ci" / "render-all", outdir],
         capture_output=True,
         text=True,
         env={"PATH": "/usr/bin:/bin", "HELM": str(helm), "HOME": str(outdir.parent)},

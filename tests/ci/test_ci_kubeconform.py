@@ -76,6 +76,7 @@ def kubeconform_errors(schemas: Path, obj: dict[str, Any]) -> list[str]:
     return [f"{name}: {e.json_path}: {e.message}" for e in validator.iter_errors(obj)]
 
 
+@pytest.mark.slow
 def test_every_render_passes_the_kubeconform_step(
     helm: Path, schemas: Path, rendered: Callable[[Path], Path]
 ) -> None:
@@ -103,6 +104,7 @@ def test_a_crd_kind_without_a_schema_fails(schemas: Path) -> None:
     assert "no schema for jobset.x-k8s.io/v1alpha2" in kubeconform_errors(schemas, obj)[0]
 
 
+@pytest.mark.slow
 def test_generated_schemas_refuse_unknown_fields_but_keep_open_subtrees(
     helm: Path, schemas: Path, rendered: Callable[[Path], Path]
 ) -> None:

@@ -203,6 +203,7 @@ def _ct_install_cases() -> list[Case]:
     ]
 
 
+@pytest.mark.slow
 def test_the_install_job_installs_every_kind_ct_installs_first(tmp_path: Path) -> None:
     """`ct install` installs each chart's ci/*-values.yaml into a fresh kind cluster: every
     kind those render is built into Kubernetes or defined by a CRD an earlier step of the

@@ -83,6 +83,7 @@ def index() -> None:
 
 
 @pytest.mark.usefixtures("index")
+@pytest.mark.slow
 def test_pip_keeps_a_newer_client_beside_the_command(wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "user-env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

@@ -192,6 +192,7 @@ def test_a_node_whose_process_exits_leaves_at_once_not_after_its_lease(
     assert not keys_under(etcd3, PREFIX + b"m/")
 
 
+@pytest.mark.slow
 def test_a_heartbeat_keeps_an_idle_member_for_many_lease_lives(etcd3: EtcdServer) -> None:
     hs = [handler(etcd3, min_nodes=2, max_nodes=2) for _ in range(2)]
     join_all(hs)

@@ -153,6 +153,7 @@ def _leases(etcd3: EtcdServer) -> list[str]:
         return [lease["ID"] for lease in json.load(resp).get("leases") or []]
 
 
+@pytest.mark.slow
 def test_keys_live_while_kept_alive_and_expire_after_the_agent_stops(etcd3: EtcdServer) -> None:
     backend, store = connect(etcd3.endpoint, lease_ttl="2")
     backend.set_state(b"state")

@@ -286,6 +286,7 @@ def test_kubestate_serves_pod_info_of_placed_pods_and_node_capacity_as_kube_stat
 
 
 @needs_prometheus
+@pytest.mark.slow
 def test_the_rendezvous_on_gpu_node_alert_fires_on_the_stand_ins_series_only_for_etcd(
     tmp_path: Path,
 ) -> None:

@@ -112,6 +112,7 @@ def test_package_holds_no_symlink_and_the_real_dependency(packaged: Packaged) ->
     assert sub and sub == alone
 
 
+@pytest.mark.slow
 def test_packages_render_the_same_manifests_as_the_source_tree(packaged: Packaged) -> None:
     """helm template from each .tgz equals helm template from charts/, for the defaults,
     each ci/*-values.yaml and each values-examples file."""
@@ -179,6 +180,7 @@ def signing_key(tmp_path_factory: pytest.TempPathFactory) -> SigningKey:
     return make_signing_key(tmp_path_factory.mktemp("gpg"))
 
 
+@pytest.mark.slow
 def test_signed_packages_verify_with_the_public_key(
     helm: Path, signing_key: SigningKey, tmp_path: Path
 ) -> None:

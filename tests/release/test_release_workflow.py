@@ -160,6 +160,7 @@ def _charts_job(
     return checkout, run
 
 
+@pytest.mark.slow
 def test_the_charts_job_signs_and_pushes_every_chart_with_its_provenance(
     signing_key: SigningKey, tmp_path: Path
 ) -> None:
@@ -222,6 +223,7 @@ def test_the_charts_job_signs_and_pushes_every_chart_with_its_provenance(
             assert "artifacthub.io/signKey" not in kept["annotations"]
 
 
+@pytest.mark.slow
 def test_the_charts_job_refuses_a_published_key_that_is_not_the_signing_key(
     signing_key: SigningKey, tmp_path: Path
 ) -> None:

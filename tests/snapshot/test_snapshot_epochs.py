@@ -133,6 +133,7 @@ def test_sigterm_halfway_through_an_epoch_saves_the_last_step_done_at_once(
     ] * WORLD, restored
 
 
+@pytest.mark.slow
 def test_a_script_that_marks_every_optimizer_step_makes_no_copy(tmp_path: Path) -> None:
     """Two optimizers stepping once each per step are one step: nothing is copied (the
     library's costs hold no copy's) and nothing is said."""

@@ -171,6 +171,7 @@ def entrypoint_env(endpoint: str, job: str, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_the_entrypoint_logs_the_choice_once_and_exports_it(
     netns: Netns, netns_etcd: str, tmp_path: Path
 ) -> None:

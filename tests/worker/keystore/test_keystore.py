@@ -87,6 +87,7 @@ def test_rewrite_only_while_it_exists(store: KeyStore) -> None:
     assert store.get_value("/elastic-job/kv/r/pod") == "left"
 
 
+@pytest.mark.slow
 def test_a_key_with_a_ttl_lapses_unless_written_again(store: KeyStore) -> None:
     """ttl: gone about ttl seconds after its last write (etcd's expiry runs every 0.5 s);
     each write renews it."""

@@ -42,6 +42,7 @@ def test_our_options_come_first_and_the_rest_is_torchruns() -> None:
 PROGRAM = "import os, time; time.sleep(0 if os.environ['RANK'] == '0' else 120)\n"
 
 
+@pytest.mark.slow
 def test_a_node_whose_workers_succeeded_waits_for_the_others_the_timeout_then_exits_0(
     etcd: EtcdServer, tmp_path: Path
 ) -> None:

@@ -111,6 +111,7 @@ def pods(etcd: EtcdServer, client: kvstore.KeyStore, tmp_path: Path) -> Iterator
                 proc.wait()
 
 
+@pytest.mark.slow
 def test_a_frozen_member_stops_the_others_training_within_the_ttl_and_itself_on_return(
     pods: dict[str, Pod],
 ) -> None:
@@ -189,6 +190,7 @@ def test_healthy_members_and_a_clean_leave_stop_nothing(
     assert pods["pod-c"].program.poll() is None
 
 
+@pytest.mark.slow
 def test_a_lapse_after_the_job_completed_stops_nothing(
     pods: dict[str, Pod], etcd: EtcdServer, client: kvstore.KeyStore
 ) -> None:
@@ -235,6 +237,7 @@ def _wipe(etcd: EtcdServer, prefix: str) -> None:
     urllib.request.urlopen(req, timeout=5).close()
 
 
+@pytest.mark.slow
 def test_etcd_losing_its_data_stops_nothing_and_the_keys_come_back(
     pods: dict[str, Pod], etcd: EtcdServer, client: kvstore.KeyStore
 ) -> None:
@@ -282,6 +285,7 @@ EXITS = (
 
 
 @pytest.mark.parametrize("backend", ["etcd-v2"])
+@pytest.mark.slow
 def test_a_script_that_keeps_snapshots_is_stopped_with_sigterm_and_killed_once_saved(
     etcd: EtcdServer, client: kvstore.KeyStore, tmp_path: Path
 ) -> None:

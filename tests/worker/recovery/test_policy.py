@@ -316,6 +316,7 @@ def sleeper(seconds: float) -> list[str]:
     return [sys.executable, "-c", f"import time; time.sleep({seconds})"]
 
 
+@pytest.mark.slow
 def test_a_sigterm_takes_the_node_out_at_once_through_the_helper_else_here(
     etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -87,6 +87,7 @@ def test_the_torch_leave_py_was_checked_against_is_the_one_pinned() -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_a_gone_agent_leaves_and_the_next_round_forms_without_waiting_for_its_keep_alive(
     etcd_factory: Callable[..., EtcdServer], backend: str
 ) -> None:
@@ -168,6 +169,7 @@ PEER = textwrap.dedent(
 
 
 @pytest.mark.parametrize("backend", ["etcd-v3", "etcd-lease"])
+@pytest.mark.slow
 def test_the_lifelines_read_the_round_when_an_attempt_starts_and_take_a_dead_node_out(
     etcd_factory: Callable[..., EtcdServer], tmp_path: Path, backend: str
 ) -> None:
@@ -208,6 +210,7 @@ def test_the_lifelines_read_the_round_when_an_attempt_starts_and_take_a_dead_nod
         peer.wait()
 
 
+@pytest.mark.slow
 def test_the_lifelines_helper_forked_from_the_warm_server_reads_the_round_and_takes_a_node_out(
     etcd_factory: Callable[..., EtcdServer],
     monkeypatch: pytest.MonkeyPatch,

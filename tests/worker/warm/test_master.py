@@ -110,6 +110,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_a_warm_rank_1_started_before_rank_0_joins_through_torchs_store(
     server: warm.Handle, tmp_path: Path, bound: socket.socket
 ) -> None:

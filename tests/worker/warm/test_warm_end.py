@@ -134,6 +134,7 @@ atexit.register(_threads)
 """
 
 
+@pytest.mark.slow
 def test_the_kept_groups_threads_are_joined_before_the_interpreter_finalizes(
     tmp_path: Path,
 ) -> None:
@@ -188,6 +189,7 @@ def test_a_torch_the_group_fence_would_not_reach_is_said_once_and_the_child_keep
     ]
 
 
+@pytest.mark.slow
 def test_a_child_of_the_pods_server_keeps_the_destroyed_group(
     pod_server: warm.Handle, tmp_path: Path
 ) -> None:
