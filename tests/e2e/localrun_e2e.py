@@ -249,7 +249,12 @@ def assert_taken_out_by_lifeline(run: LocalRun, dead: str, survivors: list[str])
     assert placed, run.events()[-4000:]
     took = re.compile(rf"took {re.escape(placed[1])}:\d+ out of rendezvous")
     said = [p for p in survivors if took.search(run.log(p))]
-    assert len(said) == 1, (placed[1], said, run.events()[-4000:])
+    # On a loaded host a take-out can come later than torch's heartbeat timeout (5 s), which
+    # dropped the node first: then every survivor says so (recovery/round.py), and the
+    # re-form came at the keep-alive's pace (the caller bounds it).
+    late = re.compile(rf"{re.escape(placed[1])}:\d+ was no longer in rendezvous .* after its")
+    if said or not all(late.search(run.log(p)) for p in survivors):
+        assert len(said) == 1, (placed[1], said, run.events()[-4000:])
     gone = run.events().count("is gone (its lifeline closed)")
     assert gone == len(survivors), run.events()[-4000:]
 

@@ -127,6 +127,13 @@ def test_a_node_seen_dead_stays_when_it_beat_after_and_goes_otherwise(
         assert rounds.take_out(made, "dead", "127.0.0.1", member, dead_since=time.time())
     assert f"took 127.0.0.1:{member} out of rendezvous dead (participants" in caplog.text
     assert rounds.participants(made()) == []
+    # read once it was out already (torch's heartbeat timeout first, on a loaded host): said
+    with caplog.at_level(logging.INFO, logger="elastic_worker"):
+        assert not rounds.take_out(made, "dead", "127.0.0.1", member, dead_since=time.time() - 6)
+    assert re.search(
+        rf"127\.0\.0\.1:{member} was no longer in rendezvous dead when read, 6\.\d s after",
+        caplog.text,
+    ), caplog.text
 
 
 def test_of_two_survivors_taking_out_one_dead_node_only_one_reports_it(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -143,6 +144,16 @@ def take_out(
             rdzv_id,
             done.removed_from,
             done.round,
+        )
+    elif dead_since is not None:
+        # Slower than torch's own heartbeat timeout (a loaded host): said, with how late,
+        # so that a re-form at the keep-alive's pace is not a mystery in the log.
+        logger.info(
+            "%s was no longer in rendezvous %s when read, %.1f s after its lifeline closed "
+            "(its keep-alive had lapsed): nothing to take out",
+            shown,
+            rdzv_id,
+            time.time() - dead_since,
         )
     return bool(done.removed_from)
 

@@ -81,18 +81,18 @@ class Membership:
             self._round_lease, self._round_renewed = lease, time.monotonic()
 
     def _keep_alive(self) -> None:
-        """Every interval; after a failure, again at once and then within a fraction of
-        it (etcd answers "waiting for the applied index took too long" when its apply
-        lags a burst of writes: a renewal retried soon still lands within the TTL). One
-        renewal waits at most an interval, so a slow answer does not hold the next."""
+        """Every interval, counted from the start of the renewal before (a slow answer
+        does not push the next one later: the TTL is 3 intervals, and waiting a whole
+        interval after each slow answer spent that margin on a loaded etcd); after a
+        failure, again within a fraction of it (etcd answers "waiting for the applied
+        index took too long" when its apply lags a burst of writes: a renewal retried soon
+        still lands within the TTL). One renewal waits at most an interval."""
         wait = self._interval
         while not self._stop.wait(wait):
+            started = time.monotonic()
             with self._lock:
                 lease, round_lease = self._lease, self._round_lease
-                renew_round = round_lease and time.monotonic() - self._round_renewed >= (
-                    ROUND_TTL / 3
-                )
-            wait = self._interval
+                renew_round = round_lease and started - self._round_renewed >= (ROUND_TTL / 3)
             try:
                 if lease and self._client.lease_keepalive(lease, self._interval) <= 0:
                     log.warning("etcd-lease: lease %x expired; the node joins anew", lease)
@@ -101,6 +101,7 @@ class Membership:
                     self._client.lease_keepalive(round_lease, self._interval)
                     with self._lock:
                         self._round_renewed = time.monotonic()
+                wait = max(0.0, self._interval - (time.monotonic() - started))
             except EtcdError as exc:
                 log.info("etcd-lease: keep-alive failed, again in a moment: %s", exc)
                 wait = self._interval * RETRY
