@@ -114,7 +114,14 @@ def take_out(
         )
         return False
     except Exception as exc:  # noqa: BLE001 - etcd's and torch's errors: the keep-alive remains
-        logger.info("could not take %s:%d out of rendezvous %s: %s", addr, pid, rdzv_id, exc)
+        # torch's timeout has no message: its name says what happened
+        logger.info(
+            "could not take %s:%d out of rendezvous %s: %s",
+            addr,
+            pid,
+            rdzv_id,
+            str(exc) or repr(exc),
+        )
         return False
     shown = f"{done.addr}:{pid}"
     if done.beat_after_death:
