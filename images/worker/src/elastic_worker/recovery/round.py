@@ -153,11 +153,12 @@ def take_out(
             done.round,
         )
     elif dead_since is not None:
-        # Slower than torch's own heartbeat timeout (a loaded host): said, with how late,
-        # so that a re-form at the keep-alive's pace is not a mystery in the log.
+        # Another survivor's take-out came first, or torch's heartbeat timeout did (a
+        # loaded host): said, with how late, so that a re-form at the keep-alive's pace is
+        # not a mystery in the log.
         logger.info(
             "%s was no longer in rendezvous %s when read, %.1f s after its lifeline closed "
-            "(its keep-alive had lapsed): nothing to take out",
+            "(another survivor took it out, or its keep-alive lapsed): nothing to take out",
             shown,
             rdzv_id,
             time.time() - dead_since,
